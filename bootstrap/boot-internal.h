@@ -1,0 +1,95 @@
+/*
+ * Bootstrap internals: the handle, the request and the table of operations
+ * each implementation (pmix, tcp, local) fills in. All fields are touched only
+ * on the thread that runs the handle's event_base, except where a comment says
+ * otherwise.
+ */
+#ifndef NCFSM_BOOTSTRAP_BOOT_INTERNAL_H
+#define NCFSM_BOOTSTRAP_BOOT_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/log.h"
+#include "ncfsm/bootstrap.h"
+
+#define NCFSM__BOOT_MAGIC 0x6e62736bu     /* "nbsk" */
+#define NCFSM__BOOT_REQ_MAGIC 0x6e627271u /* "nbrq" */
+#define NCFSM__BOOT_DEAD_MAGIC 0xdeadb007u
+#define NCFSM__BOOT_ERRLEN 512
+
+struct event;
+
+typedef struct ncfsm__boot_ops {
+  const char *name;
+  /* Fill b->rank/size/local_rank/local_size and b->impl; on failure write
+   * the reason with ncfsm__boot_seterr and return an error. */
+  ncfsm_result_t (*open)(ncfsm_boot *b, const ncfsm_boot_opts *o);
+  void (*close)(ncfsm_boot *b);
+  /* Start req (seq, send, recv, len filled in). Completion is reported on
+   * the loop thread with ncfsm__boot_req_finish, never from inside post. */
+  ncfsm_result_t (*post)(ncfsm_boot *b, ncfsm_boot_req *req);
+  /* Called on the loop thread when req's wake event runs and req is not
+   * finished (cross-thread implementations hand their results over here).
+   * May be NULL. */
+  void (*progress)(ncfsm_boot_req *req);
+  /* req is being freed or has timed out while not finished: forget it. */
+  void (*cancel)(ncfsm_boot_req *req);
+  /* Optional: what the request waits on, for the timeout message
+   * ("store 127.0.0.1:29500 did not answer"). */
+  void (*describe)(ncfsm_boot *b, char *buf, size_t n);
+} ncfsm__boot_ops;
+
+struct ncfsm_boot {
+  uint32_t magic;
+  const ncfsm__boot_ops *ops;
+  ncfsm_boot_kind_t kind;
+  struct event_base *base;
+  int rank, size, local_rank, local_size;
+  uint64_t timeout_ms;
+  uint64_t seq;      /* collectives posted so far */
+  int live_reqs;     /* requests not yet freed */
+  ncfsm_result_t failed; /* sticky: once the channel failed, every later post fails */
+  char err[NCFSM__BOOT_ERRLEN];
+  void *impl;
+};
+
+struct ncfsm_boot_req {
+  uint32_t magic;
+  ncfsm_boot *b;
+  uint64_t seq;
+  const void *send;
+  void *recv;
+  size_t len;
+  ncfsm_result_t status;  /* NCFSM_ERR_AGAIN until finished */
+  struct event *wake;     /* event_active'd (possibly from another thread) */
+  struct event *timer;    /* request timeout */
+  ncfsm_boot_done_cb cb;
+  void *cb_arg;
+  int cb_called;
+  void *impl;             /* the implementation's per-request state */
+};
+
+extern const ncfsm__boot_ops ncfsm__boot_local_ops;
+extern const ncfsm__boot_ops ncfsm__boot_tcp_ops;
+#ifdef NCFSM_HAVE_PMIX
+extern const ncfsm__boot_ops ncfsm__boot_pmix_ops;
+#endif
+
+/* Write the handle's last error (and log it at WARN). */
+void ncfsm__boot_seterr(ncfsm_boot *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap);
+/* Finish req with status st (loop thread). An error also records msg (if
+ * not NULL) as the handle's last error. Wakes the base; the request's done
+ * callback runs from the wake event. Idempotent: a finished request stays
+ * finished. */
+void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st);
+/* Mark the channel failed (sticky) with st and the message, and return st. */
+ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* tcp, for tests and tools: the port of the store this rank hosts, or -1. */
+int ncfsm__boot_tcp_hosted_port(const ncfsm_boot *b);
+
+#endif

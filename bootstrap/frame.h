@@ -1,0 +1,90 @@
+/*
+ * Store wire format. Every frame is a 20-byte header in network byte order,
+ * then the key, then the value:
+ *
+ *   u32 magic "NCFS" | u8 version | u8 type | u16 flags (0) | u32 id
+ *   | u32 key length | u32 value length | key | value
+ *
+ * id is chosen by the client and echoed in the reply (replies to parked GETs
+ * come out of order). Requests: HELLO (key = job token, value = u32 rank,
+ * u32 size), SET, GET (parks until the key exists), ADD (value = i64 delta;
+ * reply = i64 new value), WAIT (parks until the key exists; empty reply),
+ * GATHER (key = collective name, value = u32 rank, u32 size, data; the reply,
+ * once all size ranks contributed, is the rank-major concatenation).
+ * Replies: OK (value = result), ERR (value = message).
+ *
+ * The parser is a pure function so it can be fuzzed (tests/bootstrap/fuzz_frame.c).
+ */
+#ifndef NCFSM_BOOTSTRAP_FRAME_H
+#define NCFSM_BOOTSTRAP_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NCFSM__FRAME_MAGIC 0x4e434653u /* "NCFS" */
+#define NCFSM__FRAME_VERSION 1
+#define NCFSM__FRAME_HDR 20
+#define NCFSM__FRAME_KEY_MAX 512u
+#define NCFSM__FRAME_VALUE_MAX (1u << 20)
+
+typedef enum ncfsm__frame_type {
+  NCFSM__F_HELLO = 1,
+  NCFSM__F_SET = 2,
+  NCFSM__F_GET = 3,
+  NCFSM__F_ADD = 4,
+  NCFSM__F_WAIT = 5,
+  NCFSM__F_GATHER = 6,
+  NCFSM__F_OK = 0x40,
+  NCFSM__F_ERR = 0x41,
+} ncfsm__frame_type_t;
+
+typedef struct ncfsm__frame {
+  uint8_t type;
+  uint16_t flags;
+  uint32_t id;
+  uint32_t klen, vlen;
+  const uint8_t *key;   /* points into the parsed buffer */
+  const uint8_t *value; /* points into the parsed buffer */
+} ncfsm__frame;
+
+typedef struct ncfsm__frame_limits {
+  uint32_t key_max;
+  uint32_t value_max;
+} ncfsm__frame_limits;
+
+typedef enum ncfsm__parse {
+  NCFSM__PARSE_OK = 0,   /* *f filled, *used = bytes the frame took */
+  NCFSM__PARSE_MORE = 1, /* need *used bytes in all (NCFSM__FRAME_HDR while the header is short) */
+  NCFSM__PARSE_ERR = 2,  /* *why says what is wrong; close the connection */
+} ncfsm__parse_t;
+
+/* Parse one frame from buf[0..n). Never reads past n, never allocates. A
+ * wrong magic, version, type or a length over the limits is reported as soon
+ * as the bytes that show it are present. */
+ncfsm__parse_t ncfsm__frame_parse(const uint8_t *buf, size_t n, const ncfsm__frame_limits *lim,
+                                  ncfsm__frame *f, size_t *used, const char **why);
+
+/* Write a header into out. */
+void ncfsm__frame_header(uint8_t out[NCFSM__FRAME_HDR], uint8_t type, uint32_t id, uint32_t klen,
+                         uint32_t vlen);
+
+const char *ncfsm__frame_type_name(uint8_t type);
+
+static inline uint32_t ncfsm__rd32(const uint8_t *p) {
+  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void ncfsm__wr32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24);
+  p[1] = (uint8_t)(v >> 16);
+  p[2] = (uint8_t)(v >> 8);
+  p[3] = (uint8_t)v;
+}
+static inline uint64_t ncfsm__rd64(const uint8_t *p) {
+  return ((uint64_t)ncfsm__rd32(p) << 32) | ncfsm__rd32(p + 4);
+}
+static inline void ncfsm__wr64(uint8_t *p, uint64_t v) {
+  ncfsm__wr32(p, (uint32_t)(v >> 32));
+  ncfsm__wr32(p + 4, (uint32_t)v);
+}
+
+#endif

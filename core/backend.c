@@ -1,0 +1,58 @@
+/* Backend selection: NCFSM_BACKEND=auto|sim|nccl. */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/backend.h"
+#include "core/log.h"
+
+const char *ncfsm_backend_name(ncfsm_backend_kind_t b) {
+  switch (b) {
+    case NCFSM_BACKEND_AUTO: return "auto";
+    case NCFSM_BACKEND_SIM: return "sim";
+    case NCFSM_BACKEND_NCCL: return "nccl";
+  }
+  return "unknown";
+}
+
+static const ncfsm__backend *open_or_null(const ncfsm__backend *be, char *why, size_t why_len) {
+  if (be->open(why, why_len) != 0) return NULL;
+  return be;
+}
+
+const ncfsm__backend *ncfsm__backend_get(ncfsm_backend_kind_t kind, char *why, size_t why_len) {
+  char dummy[8];
+  if (!why) { why = dummy; why_len = sizeof dummy; }
+  why[0] = '\0';
+  if (kind == NCFSM_BACKEND_AUTO) {
+    const char *env = ncfsm__env_str("NCFSM_BACKEND", "auto");
+    if (!strcasecmp(env, "sim")) kind = NCFSM_BACKEND_SIM;
+    else if (!strcasecmp(env, "null")) return &ncfsm__backend_null;
+    else if (!strcasecmp(env, "nccl")) kind = NCFSM_BACKEND_NCCL;
+    else if (strcasecmp(env, "auto")) {
+      snprintf(why, why_len, "NCFSM_BACKEND=%s is not one of auto, sim, nccl", env);
+      return NULL;
+    }
+  }
+  switch (kind) {
+    case NCFSM_BACKEND_SIM:
+      return open_or_null(&ncfsm__backend_sim, why, why_len);
+    case NCFSM_BACKEND_NCCL:
+#ifdef NCFSM_HAVE_NCCL
+      return open_or_null(&ncfsm__backend_nccl, why, why_len);
+#else
+      snprintf(why, why_len, "this build has no nccl backend (CUDA toolkit/NCCL not found at configure time)");
+      return NULL;
+#endif
+    case NCFSM_BACKEND_AUTO:
+    default: {
+#ifdef NCFSM_HAVE_NCCL
+      char tmp[256];
+      if (ncfsm__backend_nccl.open(tmp, sizeof tmp) == 0 && ncfsm__backend_nccl.device_count() > 0)
+        return &ncfsm__backend_nccl;
+      NCFSM_INFO(NCFSM__SUB_BACKEND, "auto: no usable GPU (%s), using sim", tmp[0] ? tmp : "0 devices");
+#endif
+      return open_or_null(&ncfsm__backend_sim, why, why_len);
+    }
+  }
+}

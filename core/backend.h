@@ -1,0 +1,111 @@
+/*
+ * The backend interface: what ncfsm needs from NCCL + CUDA, as one table of
+ * function pointers. Two implementations: core/backend_nccl.c (real NCCL and
+ * the CUDA runtime) and core/sim/ (a deterministic model of NCCL 2.28).
+ *
+ * Result codes are NCCL's ncclResult_t values (NCFSM__NCCL_*), so the sim
+ * returns exactly what NCCL returns. Stream and event functions return 0 on
+ * success, else a backend code (cudaError_t for nccl).
+ *
+ * The engine (fsm/) is the only caller, always on the loop thread (R9), and
+ * never calls a backend in a way NCCL-RULES forbids; the sim still enforces
+ * the rules so that tests can show what happens when a program does.
+ */
+#ifndef NCFSM_CORE_BACKEND_H
+#define NCFSM_CORE_BACKEND_H
+
+#include "ncfsm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  NCFSM__NCCL_SUCCESS = 0,
+  NCFSM__NCCL_UNHANDLED_CUDA_ERROR = 1,
+  NCFSM__NCCL_SYSTEM_ERROR = 2,
+  NCFSM__NCCL_INTERNAL_ERROR = 3,
+  NCFSM__NCCL_INVALID_ARGUMENT = 4,
+  NCFSM__NCCL_INVALID_USAGE = 5,
+  NCFSM__NCCL_REMOTE_ERROR = 6,
+  NCFSM__NCCL_IN_PROGRESS = 7,
+  NCFSM__NCCL_TIMEOUT = 8 /* NCCL >= 2.30 */
+};
+
+/* "ncclInvalidArgument"; "ncclResult(N)" for codes this build does not know. */
+const char *ncfsm__nccl_result_name(int code);
+
+/* One operation as the backend sees it (counts as in the NCCL call). */
+typedef struct ncfsm__op {
+  ncfsm_opkind_t kind;
+  const void *send;
+  void *recv;
+  size_t count;
+  ncfsm_dtype_t dtype;
+  ncfsm_redop_t redop; /* collectives that reduce */
+  int root;            /* BROADCAST, REDUCE, GATHER, SCATTER */
+  int peer;            /* SEND, RECV */
+  void *stream;        /* never NULL: the engine resolves NULL to the comm's stream */
+} ncfsm__op;
+
+typedef struct ncfsm__comm_config {
+  int blocking;
+  int device;
+  const ncfsm_sim_opts *sim; /* sim only; never NULL when the sim is called */
+  const char *name;
+} ncfsm__comm_config;
+
+/* Optional entry points (bit set when the runtime has them, R6/R7). */
+enum { NCFSM__HAS_REVOKE = 1u << 0, NCFSM__HAS_SHRINK = 1u << 1, NCFSM__HAS_ALLTOALL = 1u << 2,
+       NCFSM__HAS_GATHER = 1u << 3, NCFSM__HAS_SCATTER = 1u << 4 };
+
+typedef struct ncfsm__backend {
+  const char *name;
+  ncfsm_backend_kind_t kind;
+  /* Load/resolve the library; 0 when usable. Idempotent. */
+  int (*open)(char *why, size_t why_len);
+  int (*version)(void);          /* runtime NCCL_VERSION_CODE (sim: the modelled version) */
+  unsigned (*features)(void);    /* NCFSM__HAS_* */
+  int (*get_unique_id)(ncfsm_unique_id *id);
+  int (*comm_init)(void **bcomm, int nranks, const ncfsm_unique_id *id, int rank,
+                   const ncfsm__comm_config *cfg);
+  /* The call's own result; *state is the comm's async state (R1, R2). */
+  int (*get_async_error)(void *bcomm, int *state);
+  int (*group_start)(void);
+  int (*group_end)(void);
+  int (*op)(void *bcomm, const ncfsm__op *op);
+  int (*finalize)(void *bcomm);
+  int (*destroy)(void *bcomm);
+  int (*abort)(void *bcomm);
+  int (*revoke)(void *bcomm, int flags);
+  /* Process-wide last error text (ncclGetLastError ignores its comm). */
+  const char *(*last_error)(void *bcomm);
+
+  int (*stream_create)(int device, void **stream);
+  int (*stream_destroy)(void *stream);
+  /* Device of a stream; sets *device to -1 when unknown (legacy default stream). */
+  int (*stream_device)(void *stream, int *device);
+  int (*event_create)(int device, void **ev);
+  int (*event_record)(void *ev, void *stream);
+  /* 0 = complete, 1 = not complete yet, other = error. */
+  int (*event_query)(void *ev);
+  int (*event_elapsed_ms)(void *start, void *stop, float *ms);
+  int (*event_destroy)(void *ev);
+  /* Number of visible devices (0 for none). */
+  int (*device_count)(void);
+} ncfsm__backend;
+
+extern const ncfsm__backend ncfsm__backend_sim;
+extern const ncfsm__backend ncfsm__backend_null; /* benchmarks: zero-cost ops */
+#ifdef NCFSM_HAVE_NCCL
+extern const ncfsm__backend ncfsm__backend_nccl;
+#endif
+
+/* The backend for a kind; AUTO resolves through NCFSM_BACKEND, then to nccl
+ * when a GPU is visible, else sim. NULL with a reason when unavailable. */
+const ncfsm__backend *ncfsm__backend_get(ncfsm_backend_kind_t kind, char *why, size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

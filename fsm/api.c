@@ -1,0 +1,780 @@
+/* Public communicator, group, operation and work calls: legality from the
+ * table, argument checks, bookkeeping. Backend calls happen in engine.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "fsm/internal.h"
+
+#define LOCK(l) pthread_mutex_lock(&(l)->mu)
+#define UNLOCK(l) pthread_mutex_unlock(&(l)->mu)
+
+static bool comm_ok(const ncfsm_comm *c) { return c && c->magic == NCFSM__COMM_MAGIC; }
+static bool loop_ok(const ncfsm_loop *l) { return l && l->magic == NCFSM__LOOP_MAGIC; }
+static bool work_ok(const ncfsm_work *w) { return w && w->magic == NCFSM__WORK_MAGIC; }
+
+static void loop_error(ncfsm_loop *loop, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void loop_error(ncfsm_loop *loop, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(loop->last_error, sizeof loop->last_error, fmt, ap);
+  va_end(ap);
+  NCFSM_INFO(NCFSM__SUB_FSM, "%s", loop->last_error);
+}
+
+/* Check the legality table; on REJECT set the comm's last error naming the
+ * state, the call, the rule and what to do. */
+static ncfsm_decision_t check_legal(ncfsm_comm *c, ncfsm_call_t call) {
+  const char *rule, *hint;
+  ncfsm_decision_t d = ncfsm_legality(c->state, call, &rule, &hint);
+  if (d == NCFSM_REJECT)
+    ncfsm__set_error(c, "%s: illegal in state %s (%s): %s", ncfsm__call_fn(call),
+                     ncfsm_state_name(c->state), rule, hint);
+  return d;
+}
+
+/* ---- options ------------------------------------------------------------------- */
+
+void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->backend = NCFSM_BACKEND_AUTO;
+  o->blocking = (int)ncfsm__env_ll("NCFSM_BLOCKING", 0);
+  o->device = (int)ncfsm__env_ll("NCFSM_DEVICE", 0);
+  o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_TIMEOUT_MS", 0);
+  const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
+  o->on_error = !strcmp(p, "stay") ? NCFSM_ON_ERROR_STAY
+                : !strcmp(p, "exit") ? NCFSM_ON_ERROR_EXIT
+                                     : NCFSM_ON_ERROR_ABORT;
+}
+
+ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id *id) {
+  if (!id) return NCFSM_ERR_INVALID_ARGUMENT;
+  char why[256];
+  const ncfsm__backend *be = ncfsm__backend_get(backend, why, sizeof why);
+  if (!be) {
+    NCFSM_WARN(NCFSM__SUB_BACKEND, "ncfsm_get_unique_id: %s", why);
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  memset(id, 0, sizeof *id);
+  return be->get_unique_id(id) == NCFSM__NCCL_SUCCESS ? NCFSM_OK : NCFSM_ERR_BACKEND;
+}
+
+/* ---- communicators ---------------------------------------------------------------- */
+
+ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out) {
+  if (!out) return NCFSM_ERR_INVALID_ARGUMENT;
+  *out = NULL;
+  if (!loop_ok(loop)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_comm *c = calloc(1, sizeof *c);
+  if (!c) return NCFSM_ERR_NO_MEMORY;
+  if (opts) c->opts = *opts;
+  else ncfsm_comm_opts_init(&c->opts);
+  if (c->opts.sim) c->sim = *c->opts.sim;
+  else ncfsm_sim_opts_init(&c->sim);
+  c->opts.sim = &c->sim;
+  snprintf(c->name, sizeof c->name, "%s", c->opts.name ? c->opts.name : "comm");
+  c->opts.name = c->name;
+  char why[256];
+  c->be = ncfsm__backend_get(c->opts.backend, why, sizeof why);
+  if (!c->be) {
+    snprintf(loop->last_error, sizeof loop->last_error, "ncfsm_comm_new: backend %s unavailable: %s",
+             ncfsm_backend_name(c->opts.backend), why);
+    NCFSM_WARN(NCFSM__SUB_FSM, "%s", loop->last_error);
+    free(c);
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  if (c->be->stream_create(c->opts.device, &c->stream) != 0) {
+    snprintf(loop->last_error, sizeof loop->last_error,
+             "ncfsm_comm_new: cannot create a stream on device %d", c->opts.device);
+    free(c);
+    return NCFSM_ERR_BACKEND;
+  }
+  c->magic = NCFSM__COMM_MAGIC;
+  c->loop = loop;
+  c->state = NCFSM_STATE_NEW;
+  c->rank = -1;
+  c->refs = 1;
+  c->cause = NCFSM_OK;
+  c->hash = 0x6e6366736d2d6670ull; /* "ncfsm-fp" */
+  LOCK(loop);
+  c->next = loop->comms;
+  loop->comms = c;
+  UNLOCK(loop);
+  *out = c;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_unique_id *id) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  ncfsm_result_t r = NCFSM_OK;
+  if (check_legal(c, NCFSM_CALL_INIT) == NCFSM_REJECT) {
+    r = NCFSM_ERR_ILLEGAL_STATE;
+  } else if (nranks < 1 || rank < 0 || rank >= nranks || !id) {
+    ncfsm__set_error(c, "ncfsm_comm_init: %s (nranks=%d rank=%d); pass 0 <= rank < nranks and a "
+                        "unique id from ncfsm_get_unique_id",
+                     !id ? "id is NULL" : nranks < 1 ? "nranks < 1" : "rank out of range", nranks,
+                     rank);
+    r = NCFSM_ERR_INVALID_ARGUMENT;
+  } else if (!(c->p2p_seq = calloc((size_t)nranks, sizeof *c->p2p_seq))) {
+    r = NCFSM_ERR_NO_MEMORY;
+  } else {
+    c->nranks = nranks;
+    c->rank = rank;
+    c->uid = *id;
+    ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_start_init: issued at the next turn */
+  }
+  UNLOCK(loop);
+  if (r == NCFSM_OK) ncfsm__loop_wake(loop);
+  return r;
+}
+
+ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opts *opts,
+                                   const int *devices, ncfsm_comm **comms) {
+  if (!loop_ok(loop) || n < 1 || !comms) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_comm_opts o;
+  if (opts) o = *opts;
+  else ncfsm_comm_opts_init(&o);
+  ncfsm_unique_id id;
+  ncfsm_result_t r = ncfsm_get_unique_id(o.backend, &id);
+  if (r != NCFSM_OK) return r;
+  int i;
+  for (i = 0; i < n; i++) {
+    comms[i] = NULL;
+    o.device = devices ? devices[i] : (opts ? opts->device : 0);
+    if ((r = ncfsm_comm_new(loop, &o, &comms[i])) != NCFSM_OK) break;
+    if ((r = ncfsm_comm_init(comms[i], n, i, &id)) != NCFSM_OK) break;
+  }
+  if (r != NCFSM_OK) {
+    for (int j = 0; j <= i && j < n; j++)
+      if (comms[j]) {
+        ncfsm_comm_abort(comms[j]);
+        ncfsm_comm_release(comms[j]);
+        comms[j] = NULL;
+      }
+  }
+  return r;
+}
+
+ncfsm_state_t ncfsm_comm_state(const ncfsm_comm *c) {
+  return comm_ok(c) ? c->state : NCFSM_STATE_COUNT;
+}
+int ncfsm_comm_rank(const ncfsm_comm *c) { return comm_ok(c) ? c->rank : -1; }
+int ncfsm_comm_size(const ncfsm_comm *c) { return comm_ok(c) ? c->nranks : -1; }
+int ncfsm_comm_device(const ncfsm_comm *c) { return comm_ok(c) ? c->opts.device : -1; }
+const char *ncfsm_comm_last_error(const ncfsm_comm *c) {
+  return comm_ok(c) ? c->last_error : "invalid communicator handle";
+}
+int ncfsm_comm_backend_error(const ncfsm_comm *c) { return comm_ok(c) ? c->async_code : -1; }
+uint64_t ncfsm_comm_seq(const ncfsm_comm *c) { return comm_ok(c) ? c->coll_seq : 0; }
+uint64_t ncfsm_comm_hash(const ncfsm_comm *c) { return comm_ok(c) ? c->hash : 0; }
+
+/* Can state s still be reached from the comm's current state? */
+static bool reachable(ncfsm_state_t from, ncfsm_state_t to) {
+  bool seen[NCFSM_STATE_COUNT] = {false};
+  ncfsm_state_t stack[NCFSM_STATE_COUNT * NCFSM_EVENT_COUNT];
+  int n = 0;
+  stack[n++] = from;
+  seen[from] = true;
+  while (n) {
+    ncfsm_state_t s = stack[--n];
+    if (s == to) return true;
+    for (int e = 0; e < NCFSM_EVENT_COUNT; e++) {
+      ncfsm_state_t nx = ncfsm_transition(s, (ncfsm_event_t)e, NULL, NULL);
+      if (nx != NCFSM_STATE_COUNT && !seen[nx]) {
+        seen[nx] = true;
+        stack[n++] = nx;
+      }
+    }
+  }
+  return false;
+}
+
+/* Block the caller until pred(arg) holds (under the lock), running the loop
+ * if no other thread does. Returns OK, ERR_TIMEOUT or ERR_ILLEGAL_STATE
+ * (when nothing pending can make progress: a deadlock the caller made). */
+static ncfsm_result_t wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *arg,
+                                 uint64_t timeout_ms) {
+  uint64_t deadline = timeout_ms ? ncfsm__now_ns() + timeout_ms * 1000000ull : 0;
+  LOCK(loop);
+  for (;;) {
+    if (pred(arg)) { UNLOCK(loop); return NCFSM_OK; }
+    if (deadline && ncfsm__now_ns() > deadline) { UNLOCK(loop); return NCFSM_ERR_TIMEOUT; }
+    if (ncfsm__loop_can_drive(loop)) {
+      bool pending = ncfsm__loop_pending(loop);
+      UNLOCK(loop);
+      if (!pending) return NCFSM_ERR_ILLEGAL_STATE;
+      ncfsm_loop_run(loop, NCFSM_RUN_ONCE);
+      LOCK(loop);
+    } else {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 1000000;
+      if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+      pthread_cond_timedwait(&loop->cv, &loop->mu, &ts);
+    }
+  }
+}
+
+struct state_wait { ncfsm_comm *c; ncfsm_state_t s; bool unreachable; };
+static bool state_reached(void *arg) {
+  struct state_wait *sw = arg;
+  if (sw->c->state == sw->s) return true;
+  if (!reachable(sw->c->state, sw->s)) { sw->unreachable = true; return true; }
+  return false;
+}
+
+ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *c, ncfsm_state_t s, uint64_t timeout_ms) {
+  if (!comm_ok(c) || (unsigned)s >= NCFSM_STATE_COUNT) return NCFSM_ERR_INVALID_ARGUMENT;
+  struct state_wait sw = {c, s, false};
+  ncfsm_result_t r = wait_until(c->loop, state_reached, &sw, timeout_ms);
+  if (r == NCFSM_OK && sw.unreachable) {
+    LOCK(c->loop);
+    ncfsm__set_error(c, "ncfsm_comm_wait_state: %s cannot be reached from %s%s%s",
+                     ncfsm_state_name(s), ncfsm_state_name(c->state),
+                     c->state == NCFSM_STATE_ERROR || c->state == NCFSM_STATE_CLOSED ? "; cause: " : "",
+                     c->cause != NCFSM_OK ? ncfsm_err_name(c->cause) : "");
+    UNLOCK(c->loop);
+    return NCFSM_ERR_ILLEGAL_STATE;
+  }
+  if (r == NCFSM_ERR_ILLEGAL_STATE) {
+    LOCK(c->loop);
+    ncfsm__set_error(c, "ncfsm_comm_wait_state: waiting for %s in state %s, but nothing is pending "
+                        "(an open group? a missing init?)",
+                     ncfsm_state_name(s), ncfsm_state_name(c->state));
+    UNLOCK(c->loop);
+  }
+  return r;
+}
+
+ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *c) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  ncfsm_result_t r = NCFSM_OK;
+  if (check_legal(c, NCFSM_CALL_FINALIZE) == NCFSM_REJECT) r = NCFSM_ERR_ILLEGAL_STATE;
+  else ncfsm__fire(c, NCFSM_EV_FINALIZE, NCFSM_OK); /* act_finalize_after_queue (R4) */
+  UNLOCK(loop);
+  if (r == NCFSM_OK) ncfsm__loop_wake(loop);
+  return r;
+}
+
+/* Destroy and abort make blocking backend calls; they run inline when the
+ * caller may drive the loop, else on the loop thread while the caller waits. */
+struct sync_call {
+  ncfsm_comm *c;
+  ncfsm_result_t (*fn)(ncfsm_comm *);
+  ncfsm_result_t r;
+  bool done;
+};
+
+static void sync_tramp(void *arg) {
+  struct sync_call *s = arg;
+  ncfsm_loop *loop = s->c->loop;
+  LOCK(loop);
+  s->r = s->fn(s->c);
+  s->done = true;
+  ncfsm__loop_flush_notes(loop);
+  pthread_cond_broadcast(&loop->cv);
+  UNLOCK(loop);
+}
+
+static bool sync_done(void *arg) { return ((struct sync_call *)arg)->done; }
+
+static ncfsm_result_t on_loop(ncfsm_comm *c, ncfsm_result_t (*fn)(ncfsm_comm *)) {
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  if (ncfsm__loop_can_drive(loop)) {
+    ncfsm_result_t r = fn(c);
+    UNLOCK(loop);
+    ncfsm__loop_wake(loop); /* deliver the callbacks this produced */
+    return r;
+  }
+  UNLOCK(loop);
+  struct sync_call s = {c, fn, NCFSM_OK, false};
+  ncfsm_result_t r = ncfsm_loop_call(loop, sync_tramp, &s);
+  if (r != NCFSM_OK) return r;
+  wait_until(loop, sync_done, &s, 0);
+  return s.r;
+}
+
+static ncfsm_result_t do_destroy(ncfsm_comm *c) {
+  if (check_legal(c, NCFSM_CALL_DESTROY) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
+  if (c->npending || c->launching) {
+    ncfsm__set_error(c, "ncfsm_comm_destroy: %d work(s) not launched yet in state %s; wait for them "
+                        "or abort (R4)",
+                     c->npending + (c->launching != NULL), ncfsm_state_name(c->state));
+    return NCFSM_ERR_ILLEGAL_STATE;
+  }
+  int rc = c->be->destroy(c->bcomm);
+  if (rc != NCFSM__NCCL_SUCCESS) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommDestroy");
+    return NCFSM_ERR_BACKEND;
+  }
+  c->bcomm = NULL;
+  ncfsm__fire(c, NCFSM_EV_DESTROY, NCFSM_OK); /* act_close; in-flight works finish on their events */
+  return NCFSM_OK;
+}
+
+static ncfsm_result_t do_abort(ncfsm_comm *c) {
+  if (check_legal(c, NCFSM_CALL_ABORT) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
+  ncfsm__comm_do_abort(c);
+  return NCFSM_OK;
+}
+
+static ncfsm_result_t do_revoke(ncfsm_comm *c) {
+  if (check_legal(c, NCFSM_CALL_REVOKE) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
+  if (!(c->be->features() & NCFSM__HAS_REVOKE)) {
+    ncfsm__set_error(c, "ncfsm_comm_revoke: the %s runtime (NCCL %d) has no ncclCommRevoke; it needs "
+                        "NCCL >= 2.28.7 (R6); use ncfsm_comm_abort",
+                     c->be->name, c->be->version());
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  if (!c->bcomm) {
+    ncfsm__set_error(c, "ncfsm_comm_revoke: no NCCL communicator exists in state %s (init failed); "
+                        "use ncfsm_comm_abort", ncfsm_state_name(c->state));
+    return NCFSM_ERR_ILLEGAL_STATE;
+  }
+  int rc = c->be->revoke(c->bcomm, 0);
+  if (NCFSM__IS_ERR(rc)) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommRevoke");
+    return NCFSM_ERR_BACKEND;
+  }
+  c->busy = false;
+  ncfsm__comm_drop_queued(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
+  ncfsm__fire(c, NCFSM_EV_REVOKE, NCFSM_OK); /* act_poll_until_quiescent (R6) */
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *c) {
+  return comm_ok(c) ? on_loop(c, do_destroy) : NCFSM_ERR_INVALID_ARGUMENT;
+}
+ncfsm_result_t ncfsm_comm_abort(ncfsm_comm *c) {
+  return comm_ok(c) ? on_loop(c, do_abort) : NCFSM_ERR_INVALID_ARGUMENT;
+}
+ncfsm_result_t ncfsm_comm_revoke(ncfsm_comm *c) {
+  return comm_ok(c) ? on_loop(c, do_revoke) : NCFSM_ERR_INVALID_ARGUMENT;
+}
+
+ncfsm_result_t ncfsm_comm_release(ncfsm_comm *c) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  if (check_legal(c, NCFSM_CALL_RELEASE) == NCFSM_REJECT || c->released) {
+    UNLOCK(loop);
+    return NCFSM_ERR_ILLEGAL_STATE;
+  }
+  /* The handle is dead for the user; memory goes with the last work reference. */
+  c->released = true;
+  ncfsm__comm_unref(c);
+  UNLOCK(loop);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_stream_create(ncfsm_comm *c, void **stream) {
+  if (!comm_ok(c) || !stream) return NCFSM_ERR_INVALID_ARGUMENT;
+  return c->be->stream_create(c->opts.device, stream) == 0 ? NCFSM_OK : NCFSM_ERR_BACKEND;
+}
+ncfsm_result_t ncfsm_stream_destroy(ncfsm_comm *c, void *stream) {
+  if (!comm_ok(c) || !stream) return NCFSM_ERR_INVALID_ARGUMENT;
+  return c->be->stream_destroy(stream) == 0 ? NCFSM_OK : NCFSM_ERR_BACKEND;
+}
+
+/* ---- groups (R3) ---------------------------------------------------------------- */
+
+ncfsm_result_t ncfsm_group_start(ncfsm_loop *loop) {
+  if (!loop_ok(loop)) return NCFSM_ERR_INVALID_ARGUMENT;
+  LOCK(loop);
+  if (loop->group_depth > 0 && !pthread_equal(loop->group_owner, pthread_self())) {
+    loop_error(loop, "ncfsm_group_start: a group is open on another thread (R3: groups are "
+                     "thread-local); only the thread that opened it may nest or end it");
+    UNLOCK(loop);
+    return NCFSM_ERR_WRONG_THREAD;
+  }
+  if (loop->group_depth++ == 0) {
+    loop->group_owner = pthread_self();
+    loop->group_err = NCFSM_OK;
+  }
+  UNLOCK(loop);
+  return NCFSM_OK;
+}
+
+int ncfsm_group_depth(ncfsm_loop *loop) {
+  if (!loop_ok(loop)) return -1;
+  LOCK(loop);
+  int d = loop->group_depth;
+  UNLOCK(loop);
+  return d;
+}
+
+static void describe_op(const ncfsm_work *w, char *buf, size_t len) {
+  snprintf(buf, len, "%s(seq %llu, rank %d, send %p, recv %p, count %zu)", ncfsm_opkind_name(w->op.kind),
+           (unsigned long long)w->fp.seq, w->comm->rank, w->op.send, (void *)w->op.recv, w->op.count);
+}
+
+ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
+  if (!loop_ok(loop)) return NCFSM_ERR_INVALID_ARGUMENT;
+  LOCK(loop);
+  if (loop->group_depth == 0) {
+    loop_error(loop, "ncfsm_group_end: not in a group (R3: ncclGroupEnd at depth 0 returns "
+                     "ncclInvalidUsage); balance every ncfsm_group_start with one ncfsm_group_end");
+    UNLOCK(loop);
+    return NCFSM_ERR_INVALID_USAGE;
+  }
+  if (!pthread_equal(loop->group_owner, pthread_self())) {
+    loop_error(loop, "ncfsm_group_end: the group was opened by another thread (R3: a group opened on "
+                     "thread A cannot be closed on thread B); end it on the thread that started it");
+    UNLOCK(loop);
+    return NCFSM_ERR_WRONG_THREAD;
+  }
+  if (--loop->group_depth > 0) { /* R3: only the outermost end launches */
+    UNLOCK(loop);
+    return NCFSM_OK;
+  }
+  ncfsm_work *works = loop->group_head;
+  loop->group_head = loop->group_tail = NULL;
+  ncfsm_result_t err = loop->group_err;
+  loop->group_err = NCFSM_OK;
+  if (err != NCFSM_OK) {
+    loop_error(loop, "ncfsm_group_end: the group failed: an earlier call in it returned %s (R3); its "
+                     "other works fail with NCFSM_ERR_GROUP and nothing reached the backend",
+               ncfsm_err_name(err));
+  } else if (works && loop->opts.overlap != NCFSM_OVERLAP_OFF) {
+    ncfsm_work *x, *y;
+    if (ncfsm__find_overlap(works, &x, &y)) {
+      char a[160], b[160];
+      describe_op(x, a, sizeof a);
+      describe_op(y, b, sizeof b);
+      if (loop->opts.overlap == NCFSM_OVERLAP_REJECT) {
+        err = NCFSM_ERR_OVERLAP;
+        loop_error(loop, "ncfsm_group_end: %s and %s overlap where one writes; NCCL runs the ops of "
+                         "one group in any order (R12); issue them in separate groups",
+                   a, b);
+      } else {
+        NCFSM_WARN(NCFSM__SUB_FSM, "group ops %s and %s overlap where one writes (R12)", a, b);
+      }
+    }
+  }
+  ncfsm__batch *batch = NULL;
+  if (err == NCFSM_OK && works) {
+    batch = calloc(1, sizeof *batch);
+    if (!batch) err = NCFSM_ERR_NO_MEMORY;
+    else batch->explicit_group = true;
+  }
+  for (ncfsm_work *w = works, *next; w; w = next) {
+    next = w->bnext;
+    ncfsm_comm *c = w->comm;
+    if (c->enlisted) {
+      c->enlisted = false;
+      if (c->state == NCFSM_STATE_GROUP_OPEN) ncfsm__fire(c, NCFSM_EV_GROUP_CLOSE, err);
+    }
+    if (err != NCFSM_OK) {
+      w->bnext = NULL;
+      ncfsm__work_finish(w, NCFSM_WORK_FAILED, err == NCFSM_ERR_OVERLAP ? err : NCFSM_ERR_GROUP);
+      continue;
+    }
+    w->batch = batch;
+    w->bnext = NULL;
+    if (batch->tail) batch->tail->bnext = w;
+    else batch->head = w;
+    batch->tail = w;
+    batch->nworks++;
+    c->npending++;
+  }
+  if (batch) ncfsm__batch_append(loop, batch); /* act_queue_group */
+  UNLOCK(loop);
+  if (works) ncfsm__loop_wake(loop);
+  return err;
+}
+
+/* ---- operations -------------------------------------------------------------------- */
+
+static bool op_reduces(ncfsm_opkind_t k) {
+  return k == NCFSM_KIND_ALLREDUCE || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_REDUCESCATTER;
+}
+static bool op_rooted(ncfsm_opkind_t k) {
+  return k == NCFSM_KIND_BROADCAST || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_GATHER ||
+         k == NCFSM_KIND_SCATTER;
+}
+
+/* Argument checks before the backend (R3: an argument error reaching a
+ * nonblocking NCCL communicator poisons it for good). */
+static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op *o) {
+  const char *fn = ncfsm__call_fn(call);
+  if ((unsigned)o->dtype >= NCFSM_DTYPE_COUNT) {
+    ncfsm__set_error(c, "%s: argument datatype: unknown dtype %d (valid: 0..%d, ncfsm_dtype_t)", fn,
+                     (int)o->dtype, NCFSM_DTYPE_COUNT - 1);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (op_reduces(o->kind) && (unsigned)o->redop >= NCFSM_REDOP_COUNT) {
+    ncfsm__set_error(c, "%s: argument op: unknown reduction operator %d (valid: 0..%d, ncfsm_redop_t)",
+                     fn, (int)o->redop, NCFSM_REDOP_COUNT - 1);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (op_rooted(o->kind) && (o->root < 0 || o->root >= c->nranks)) {
+    ncfsm__set_error(c, "%s: argument root: %d is out of range (the communicator has %d ranks: 0..%d)",
+                     fn, o->root, c->nranks, c->nranks - 1);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if ((o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV) &&
+      (o->peer < 0 || o->peer >= c->nranks)) {
+    ncfsm__set_error(c, "%s: argument peer: %d is out of range (the communicator has %d ranks: 0..%d)",
+                     fn, o->peer, c->nranks, c->nranks - 1);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  size_t bytes, total;
+  size_t mult = (o->kind == NCFSM_KIND_ALLGATHER || o->kind == NCFSM_KIND_REDUCESCATTER ||
+                 o->kind == NCFSM_KIND_ALLTOALL || o->kind == NCFSM_KIND_GATHER ||
+                 o->kind == NCFSM_KIND_SCATTER)
+                    ? (size_t)c->nranks
+                    : 1;
+  if (__builtin_mul_overflow(o->count, ncfsm_dtype_size(o->dtype), &bytes) ||
+      __builtin_mul_overflow(bytes, mult, &total) || total > (size_t)PTRDIFF_MAX) {
+    ncfsm__set_error(c, "%s: argument count: %zu elements of %s%s overflow the address space", fn,
+                     o->count, ncfsm_dtype_name(o->dtype), mult > 1 ? " times nranks" : "");
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (o->count > 0) {
+    bool root = c->rank == o->root;
+    bool need_send, need_recv;
+    switch (o->kind) {
+      case NCFSM_KIND_BROADCAST: need_send = root; need_recv = true; break;
+      case NCFSM_KIND_REDUCE: need_send = true; need_recv = root; break;
+      case NCFSM_KIND_GATHER: need_send = true; need_recv = root; break;
+      case NCFSM_KIND_SCATTER: need_send = root; need_recv = true; break;
+      case NCFSM_KIND_SEND: need_send = true; need_recv = false; break;
+      case NCFSM_KIND_RECV: need_send = false; need_recv = true; break;
+      default: need_send = need_recv = true; break;
+    }
+    if ((need_send && !o->send) || (need_recv && !o->recv)) {
+      ncfsm__set_error(c, "%s: argument %s: NULL buffer with count %zu", fn,
+                       need_send && !o->send ? "sendbuff" : "recvbuff", o->count);
+      return NCFSM_ERR_INVALID_ARGUMENT;
+    }
+  }
+  int dev = -1;
+  if (o->stream && c->be->stream_device(o->stream, &dev) == 0 && dev >= 0 && dev != c->opts.device) {
+    ncfsm__set_error(c, "%s: argument stream: the stream belongs to device %d, the communicator to "
+                        "device %d",
+                     fn, dev, c->opts.device);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  return NCFSM_OK;
+}
+
+static ncfsm_work *work_alloc(ncfsm_loop *loop) {
+  ncfsm_work *w = loop->free_works;
+  if (w) loop->free_works = w->next;
+  else if (!(w = malloc(sizeof *w))) return NULL;
+  memset(w, 0, sizeof *w);
+  return w;
+}
+
+static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_cb cb,
+                             void *arg, ncfsm_work **out) {
+  if (out) *out = NULL;
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  bool in_group = loop->group_depth > 0 && pthread_equal(loop->group_owner, pthread_self());
+  ncfsm_result_t r = NCFSM_OK;
+  ncfsm_decision_t d = check_legal(c, call);
+  if (d == NCFSM_REJECT) {
+    r = NCFSM_ERR_ILLEGAL_STATE;
+  } else if (c->enlisted && !in_group) {
+    ncfsm__set_error(c, "%s: the communicator has ops in a group opened by another thread (R3, R9); "
+                        "submit from that thread or after its ncfsm_group_end",
+                     ncfsm__call_fn(call));
+    r = NCFSM_ERR_WRONG_THREAD;
+  } else {
+    r = validate(c, call, o);
+  }
+  ncfsm_work *w = NULL;
+  if (r == NCFSM_OK && !(w = work_alloc(loop))) r = NCFSM_ERR_NO_MEMORY;
+  if (r != NCFSM_OK) {
+    if (in_group && loop->group_err == NCFSM_OK) { /* R3: the outermost end reports it again */
+      loop->group_err = r;
+      snprintf(loop->last_error, sizeof loop->last_error, "%s", c->last_error);
+    }
+    UNLOCK(loop);
+    return r;
+  }
+  if (!o->stream) o->stream = c->stream;
+  w->magic = NCFSM__WORK_MAGIC;
+  w->comm = c;
+  w->op = *o;
+  w->cb = cb;
+  w->arg = arg;
+  w->status = NCFSM_ERR_AGAIN;
+  w->state = NCFSM_WORK_QUEUED;
+  w->t_submit = ncfsm__now_ns();
+  w->refs = out ? 2 : 1;
+  c->refs++;
+  bool p2p = o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV;
+  w->fp = (ncfsm_fingerprint_t){
+      .seq = p2p ? c->p2p_seq[o->peer]++ : c->coll_seq++,
+      .op = (int32_t)o->kind,
+      .dtype = (int32_t)o->dtype,
+      .count = o->count,
+      .root = op_rooted(o->kind) ? o->root : -1,
+      .redop = op_reduces(o->kind) ? (int32_t)o->redop : -1,
+      .peer = p2p ? o->peer : -1,
+  };
+  c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash); /* rolling hash (R11) */
+  bool wake = false;
+  if (in_group) {
+    w->bnext = NULL;
+    if (loop->group_tail) loop->group_tail->bnext = w;
+    else loop->group_head = w;
+    loop->group_tail = w;
+    c->enlisted = true;
+    if (c->state == NCFSM_STATE_READY || c->state == NCFSM_STATE_GROUP_OPEN)
+      ncfsm__fire(c, NCFSM_EV_ENLIST, NCFSM_OK); /* act_collect_in_group (R3) */
+  } else {
+    ncfsm__batch *b = &w->single;
+    b->head = b->tail = w;
+    b->nworks = 1;
+    b->explicit_group = false;
+    w->batch = b;
+    c->npending++;
+    ncfsm__batch_append(loop, b);
+    wake = true;
+  }
+  if (loop->trace) {
+    ncfsm_trace_rec rec = {NCFSM_OBJ_WORK, w, c->rank, w->fp.seq, -1, -1, NCFSM_WORK_QUEUED, NCFSM_OK,
+                           w->t_submit};
+    loop->trace(&rec, loop->trace_arg);
+  }
+  if (out) *out = w;
+  UNLOCK(loop);
+  if (wake) ncfsm__loop_wake(loop);
+  return NCFSM_OK;
+}
+
+#define OP(kind_, send_, recv_, count_, dt_, redop_, root_, peer_, stream_)                         \
+  ncfsm__op o = {.kind = NCFSM_KIND_##kind_, .send = (send_), .recv = (recv_), .count = (count_),   \
+                 .dtype = (dt_), .redop = (redop_), .root = (root_), .peer = (peer_),              \
+                 .stream = (stream_)};                                                              \
+  return submit(c, NCFSM_CALL_##kind_, &o, cb, arg, out)
+
+ncfsm_result_t ncfsm_allreduce(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                               ncfsm_dtype_t dt, ncfsm_redop_t op, void *stream, ncfsm_work_cb cb,
+                               void *arg, ncfsm_work **out) {
+  OP(ALLREDUCE, send, recv, count, dt, op, -1, -1, stream);
+}
+ncfsm_result_t ncfsm_broadcast(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                               ncfsm_dtype_t dt, int root, void *stream, ncfsm_work_cb cb, void *arg,
+                               ncfsm_work **out) {
+  OP(BROADCAST, send, recv, count, dt, NCFSM_OP_SUM, root, -1, stream);
+}
+ncfsm_result_t ncfsm_reduce(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                            ncfsm_dtype_t dt, ncfsm_redop_t op, int root, void *stream,
+                            ncfsm_work_cb cb, void *arg, ncfsm_work **out) {
+  OP(REDUCE, send, recv, count, dt, op, root, -1, stream);
+}
+ncfsm_result_t ncfsm_allgather(ncfsm_comm *c, const void *send, void *recv, size_t sendcount,
+                               ncfsm_dtype_t dt, void *stream, ncfsm_work_cb cb, void *arg,
+                               ncfsm_work **out) {
+  OP(ALLGATHER, send, recv, sendcount, dt, NCFSM_OP_SUM, -1, -1, stream);
+}
+ncfsm_result_t ncfsm_reducescatter(ncfsm_comm *c, const void *send, void *recv, size_t recvcount,
+                                   ncfsm_dtype_t dt, ncfsm_redop_t op, void *stream,
+                                   ncfsm_work_cb cb, void *arg, ncfsm_work **out) {
+  OP(REDUCESCATTER, send, recv, recvcount, dt, op, -1, -1, stream);
+}
+ncfsm_result_t ncfsm_alltoall(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                              ncfsm_dtype_t dt, void *stream, ncfsm_work_cb cb, void *arg,
+                              ncfsm_work **out) {
+  OP(ALLTOALL, send, recv, count, dt, NCFSM_OP_SUM, -1, -1, stream);
+}
+ncfsm_result_t ncfsm_gather(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                            ncfsm_dtype_t dt, int root, void *stream, ncfsm_work_cb cb, void *arg,
+                            ncfsm_work **out) {
+  OP(GATHER, send, recv, count, dt, NCFSM_OP_SUM, root, -1, stream);
+}
+ncfsm_result_t ncfsm_scatter(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                             ncfsm_dtype_t dt, int root, void *stream, ncfsm_work_cb cb, void *arg,
+                             ncfsm_work **out) {
+  OP(SCATTER, send, recv, count, dt, NCFSM_OP_SUM, root, -1, stream);
+}
+ncfsm_result_t ncfsm_send(ncfsm_comm *c, const void *send, size_t count, ncfsm_dtype_t dt, int peer,
+                          void *stream, ncfsm_work_cb cb, void *arg, ncfsm_work **out) {
+  OP(SEND, send, NULL, count, dt, NCFSM_OP_SUM, -1, peer, stream);
+}
+ncfsm_result_t ncfsm_recv(ncfsm_comm *c, void *recv, size_t count, ncfsm_dtype_t dt, int peer,
+                          void *stream, ncfsm_work_cb cb, void *arg, ncfsm_work **out) {
+  OP(RECV, NULL, recv, count, dt, NCFSM_OP_SUM, -1, peer, stream);
+}
+
+/* ---- works --------------------------------------------------------------------------- */
+
+ncfsm_work_state_t ncfsm_work_state(const ncfsm_work *w) {
+  if (!work_ok(w)) return NCFSM_WORK_STATE_COUNT;
+  LOCK(w->comm->loop);
+  ncfsm_work_state_t s = w->state;
+  UNLOCK(w->comm->loop);
+  return s;
+}
+
+ncfsm_result_t ncfsm_work_status(const ncfsm_work *w) {
+  if (!work_ok(w)) return NCFSM_ERR_INVALID_ARGUMENT;
+  LOCK(w->comm->loop);
+  ncfsm_result_t s = w->delivered ? w->status : NCFSM_ERR_AGAIN;
+  UNLOCK(w->comm->loop);
+  return s;
+}
+
+const ncfsm_fingerprint_t *ncfsm_work_fingerprint(const ncfsm_work *w) {
+  return work_ok(w) ? &w->fp : NULL;
+}
+ncfsm_comm *ncfsm_work_comm(const ncfsm_work *w) { return work_ok(w) ? w->comm : NULL; }
+
+int ncfsm_work_launched(const ncfsm_work *w) {
+  if (!work_ok(w)) return 0;
+  LOCK(w->comm->loop);
+  int l = w->state == NCFSM_WORK_IN_FLIGHT || w->state == NCFSM_WORK_COMPLETED;
+  UNLOCK(w->comm->loop);
+  return l;
+}
+
+static bool work_delivered(void *arg) { return ((ncfsm_work *)arg)->delivered; }
+
+ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms) {
+  if (!work_ok(w)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_result_t r = wait_until(w->comm->loop, work_delivered, w, timeout_ms);
+  if (r == NCFSM_ERR_ILLEGAL_STATE) {
+    LOCK(w->comm->loop);
+    ncfsm__set_error(w->comm, "ncfsm_work_wait: work seq %llu is %s and nothing can progress it (is "
+                              "its group still open?)",
+                     (unsigned long long)w->fp.seq, ncfsm_work_state_name(w->state));
+    UNLOCK(w->comm->loop);
+    return r;
+  }
+  return r == NCFSM_OK ? w->status : r;
+}
+
+void ncfsm_work_release(ncfsm_work *w) {
+  if (!work_ok(w)) return;
+  ncfsm_loop *loop = w->comm->loop;
+  LOCK(loop);
+  ncfsm__work_unref(w);
+  UNLOCK(loop);
+}
+
+/* ---- sim introspection ------------------------------------------------------------------ */
+#include "core/sim/sim.h"
+#include "ncfsm/sim.h"
+
+ncfsm_result_t ncfsm_sim_get_stats(const ncfsm_comm *c, ncfsm_sim_stats *out) {
+  if (!comm_ok(c) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
+  memset(out, 0, sizeof *out);
+  LOCK(c->loop);
+  ncfsm_result_t r = NCFSM_ERR_INVALID_ARGUMENT;
+  if (c->be == &ncfsm__backend_sim && c->bcomm)
+    r = ncfsm__sim_stats(c->bcomm, out) == 0 ? NCFSM_OK : NCFSM_ERR_INVALID_ARGUMENT;
+  UNLOCK(c->loop);
+  return r;
+}

@@ -1,0 +1,707 @@
+/*
+ * The engine: applies fsm/comm.def, launches queued batches, polls the
+ * backend and fails works. Every function here runs with loop->mu held, and
+ * every backend call happens on the thread that drives the loop (R9).
+ * Actions are named after comm.def's action column.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsm/internal.h"
+
+#define IS_ERR(rc) NCFSM__IS_ERR(rc)
+
+void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = snprintf(c->last_error, sizeof c->last_error, "[%s rank %d] ", c->name, c->rank);
+  if (n < 0 || (size_t)n >= sizeof c->last_error) n = 0;
+  vsnprintf(c->last_error + n, sizeof c->last_error - (size_t)n, fmt, ap);
+  va_end(ap);
+  NCFSM_INFO(NCFSM__SUB_FSM, "%s", c->last_error);
+}
+
+/* ---- references ------------------------------------------------------------ */
+
+static void comm_free(ncfsm_comm *c) {
+  ncfsm_loop *loop = c->loop;
+  for (ncfsm_comm **pp = &loop->comms; *pp; pp = &(*pp)->next)
+    if (*pp == c) { *pp = c->next; break; }
+  while (c->free_marks) {
+    ncfsm__mark *m = c->free_marks;
+    c->free_marks = m->next_free;
+    c->be->event_destroy(m->event);
+    free(m);
+  }
+  if (c->stream) c->be->stream_destroy(c->stream);
+  free(c->sq);
+  free(c->p2p_seq);
+  c->magic = NCFSM__DEAD_MAGIC;
+  free(c);
+}
+
+void ncfsm__comm_unref(ncfsm_comm *c) {
+  if (--c->refs == 0 && c->released) comm_free(c);
+}
+
+static void mark_put(ncfsm_comm *c, ncfsm__mark *m) {
+  if (--m->refs > 0) return;
+  m->next_free = c->free_marks;
+  c->free_marks = m;
+}
+
+void ncfsm__work_unref(ncfsm_work *w) {
+  if (--w->refs > 0) return;
+  ncfsm_comm *c = w->comm;
+  ncfsm_loop *loop = c->loop;
+  if (w->mark) mark_put(c, w->mark);
+  w->magic = NCFSM__DEAD_MAGIC;
+  w->next = loop->free_works;
+  loop->free_works = w;
+  ncfsm__comm_unref(c);
+}
+
+/* ---- transitions and trace ----------------------------------------------------- */
+
+void ncfsm__fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t result) {
+  const char *action, *rule;
+  ncfsm_state_t from = c->state;
+  ncfsm_state_t next = ncfsm_transition(from, ev, &action, &rule);
+  if (next == NCFSM_STATE_COUNT) {
+    /* A bug in the engine, not a user error: the table has no such step. */
+    NCFSM_LOG(NCFSM__LOG_ERROR, NCFSM__SUB_FSM, "[%s] invalid event %s in state %s (engine bug)",
+              c->name, ncfsm_event_name(ev), ncfsm_state_name(from));
+    return;
+  }
+  c->state = next;
+  NCFSM_TRACE(NCFSM__SUB_FSM, "[%s rank %d] %s --%s/%s (%s)--> %s", c->name, c->rank,
+              ncfsm_state_name(from), ncfsm_event_name(ev), action, rule, ncfsm_state_name(next));
+  ncfsm_loop *loop = c->loop;
+  if (loop->trace) {
+    ncfsm_trace_rec r = {NCFSM_OBJ_COMM, c, c->rank, 0, (int)from, (int)ev, (int)next, result,
+                         ncfsm__now_ns()};
+    loop->trace(&r, loop->trace_arg);
+  }
+  if (c->opts.on_state) {
+    struct ncfsm__state_note *n = malloc(sizeof *n);
+    if (n) {
+      *n = (struct ncfsm__state_note){c, from, next, ev, NULL};
+      c->refs++;
+      if (loop->snote_tail) loop->snote_tail->next = n;
+      else loop->snote_head = n;
+      loop->snote_tail = n;
+    }
+  }
+  switch (next) {
+    case NCFSM_STATE_INIT_IN_PROGRESS:
+    case NCFSM_STATE_LAUNCH_IN_PROGRESS:
+    case NCFSM_STATE_FINALIZING:
+    case NCFSM_STATE_REVOKING:
+      if (from != next)
+        c->phase_deadline = c->opts.timeout_ms ? ncfsm__now_ns() + c->opts.timeout_ms * 1000000ull : 0;
+      break;
+    default:
+      break;
+  }
+}
+
+void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st) {
+  ncfsm_work_state_t from = w->state;
+  w->state = st;
+  ncfsm_loop *loop = w->comm->loop;
+  if (loop->trace) {
+    ncfsm_trace_rec r = {NCFSM_OBJ_WORK, w,        w->comm->rank, w->fp.seq, (int)from, -1,
+                         (int)st,        w->status, ncfsm__now_ns()};
+    loop->trace(&r, loop->trace_arg);
+  }
+}
+
+/* Final state: the callback fires once, on the loop thread, at the next flush. */
+void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status) {
+  if (w->notified) return;
+  w->notified = true;
+  w->status = status;
+  w->t_complete = ncfsm__now_ns();
+  ncfsm__work_set_state(w, st);
+  ncfsm_loop *loop = w->comm->loop;
+  w->next = NULL;
+  if (loop->notify_tail) loop->notify_tail->next = w;
+  else loop->notify_head = w;
+  loop->notify_tail = w;
+}
+
+/* ---- batches ---------------------------------------------------------------- */
+
+void ncfsm__batch_append(ncfsm_loop *loop, ncfsm__batch *b) {
+  b->next = NULL;
+  if (loop->bq_tail) loop->bq_tail->next = b;
+  else loop->bq_head = b;
+  loop->bq_tail = b;
+}
+
+static void batch_unlink(ncfsm_loop *loop, ncfsm__batch *prev, ncfsm__batch *b) {
+  if (prev) prev->next = b->next;
+  else loop->bq_head = b->next;
+  if (loop->bq_tail == b) loop->bq_tail = prev;
+  b->next = NULL;
+}
+
+/* Remove c's works from queued batches (dropping emptied batches) and from
+ * the open group, calling fn on each. */
+void ncfsm__comm_drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status) {
+  ncfsm_loop *loop = c->loop;
+  ncfsm__batch *prev = NULL, *b = loop->bq_head;
+  while (b) {
+    ncfsm__batch *bn = b->next;
+    ncfsm_work **pp = &b->head, *last = NULL;
+    while (*pp) {
+      ncfsm_work *w = *pp;
+      if (w->comm == c) {
+        *pp = w->bnext;
+        b->nworks--;
+        c->npending--;
+        w->batch = NULL;
+        w->bnext = NULL;
+        ncfsm__work_finish(w, st, status);
+      } else {
+        last = w;
+        pp = &w->bnext;
+      }
+    }
+    b->tail = last;
+    if (!b->head) {
+      batch_unlink(loop, prev, b);
+      if (b->explicit_group) free(b);
+    } else {
+      prev = b;
+    }
+    b = bn;
+  }
+  ncfsm_work **pp = &loop->group_head;
+  loop->group_tail = NULL;
+  while (*pp) {
+    ncfsm_work *w = *pp;
+    if (w->comm == c) {
+      *pp = w->bnext;
+      w->bnext = NULL;
+      ncfsm__work_finish(w, st, status);
+    } else {
+      loop->group_tail = w;
+      pp = &w->bnext;
+    }
+  }
+  c->enlisted = false;
+}
+
+/* Fail every work of c that is not final yet. */
+static void fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status) {
+  ncfsm__comm_drop_queued(c, st, status);
+  while (c->launching) {
+    ncfsm_work *w = c->launching;
+    c->launching = w->next;
+    ncfsm__work_finish(w, st, status);
+  }
+  for (int i = 0; i < c->nsq; i++) {
+    while (c->sq[i].head) {
+      ncfsm_work *w = c->sq[i].head;
+      c->sq[i].head = w->next;
+      ncfsm__work_finish(w, st, status);
+    }
+    c->sq[i].tail = NULL;
+  }
+}
+
+/* act_fail_pending (R10): the comm's outputs are untrusted; every pending
+ * work fails with the cause; the error policy decides what follows. */
+void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int code,
+                      const char *what) {
+  ncfsm_state_t from = c->state;
+  if (ncfsm_transition(from, ev, NULL, NULL) == NCFSM_STATE_COUNT) return; /* already failed/closed */
+  c->async_code = code;
+  c->cause = cause;
+  const char *txt = c->be->last_error ? c->be->last_error(c->bcomm) : NULL;
+  ncfsm__set_error(c, "%s in state %s: %s (backend %s%s%s); outputs of unfinished works are "
+                      "untrusted; abort the communicator (R10)",
+                   what, ncfsm_state_name(from), ncfsm_err_name(cause),
+                   ncfsm__nccl_result_name(code), txt && *txt ? ": " : "", txt ? txt : "");
+  NCFSM_WARN(NCFSM__SUB_FSM, "%s", c->last_error);
+  ncfsm__fire(c, ev, cause);
+  c->busy = false;
+  fail_all(c, ev == NCFSM_EV_TIMEOUT ? NCFSM_WORK_TIMED_OUT : NCFSM_WORK_FAILED, cause);
+  if (c->opts.on_error == NCFSM_ON_ERROR_ABORT) c->abort_pending = true;
+  else if (c->opts.on_error == NCFSM_ON_ERROR_EXIT) {
+    fprintf(stderr, "ncfsm: %s; exiting (on_error=exit)\n", c->last_error);
+    exit(3);
+  }
+}
+
+/* act_abort (R5): works not final are ABORTED; the comm closes. */
+void ncfsm__comm_do_abort(ncfsm_comm *c) {
+  if (c->bcomm) {
+    int rc = c->be->abort(c->bcomm);
+    if (rc != NCFSM__NCCL_SUCCESS)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] ncclCommAbort returned %s", c->name, ncfsm__nccl_result_name(rc));
+    c->bcomm = NULL;
+  }
+  c->abort_pending = false;
+  c->busy = false;
+  fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
+  ncfsm__fire(c, NCFSM_EV_ABORT, NCFSM_OK);
+}
+
+/* ---- launching ---------------------------------------------------------------- */
+
+static ncfsm__mark *mark_get(ncfsm_comm *c) {
+  ncfsm__mark *m = c->free_marks;
+  if (m) {
+    c->free_marks = m->next_free;
+  } else {
+    m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    if (c->be->event_create(c->opts.device, &m->event) != 0) {
+      free(m);
+      return NULL;
+    }
+  }
+  m->refs = 0;
+  m->next_free = NULL;
+  return m;
+}
+
+static ncfsm__squeue *squeue_for(ncfsm_comm *c, void *stream) {
+  for (int i = 0; i < c->nsq; i++)
+    if (c->sq[i].stream == stream) return &c->sq[i];
+  if (c->nsq == c->capsq) {
+    int cap = c->capsq ? 2 * c->capsq : 4;
+    ncfsm__squeue *n = realloc(c->sq, (size_t)cap * sizeof *n);
+    if (!n) return NULL;
+    c->sq = n;
+    c->capsq = cap;
+  }
+  c->sq[c->nsq] = (ncfsm__squeue){stream, NULL, NULL};
+  return &c->sq[c->nsq++];
+}
+
+/* act_record_events (R2): the launch is final, so the kernels are on their
+ * streams; only now is a completion event recorded after them. One event
+ * per (launch, stream) is shared by the works of that launch. */
+static void launch_final(ncfsm_comm *c) {
+  uint64_t now = ncfsm__now_ns();
+  struct { void *stream; ncfsm__mark *mark; } ms[8];
+  int nms = 0;
+  ncfsm_work *w = c->launching;
+  c->launching = NULL;
+  c->busy = false;
+  while (w) {
+    ncfsm_work *next = w->next;
+    ncfsm__mark *m = NULL;
+    for (int i = 0; i < nms; i++)
+      if (ms[i].stream == w->op.stream) m = ms[i].mark;
+    if (!m) {
+      if (nms == 8) { /* flush: record the marks taken so far */
+        for (int i = 0; i < nms; i++) c->be->event_record(ms[i].mark->event, ms[i].stream);
+        nms = 0;
+      }
+      m = mark_get(c);
+      if (!m) {
+        ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY);
+        w = next;
+        continue;
+      }
+      ms[nms].stream = w->op.stream;
+      ms[nms].mark = m;
+      nms++;
+    }
+    m->refs++;
+    w->mark = m;
+    w->t_final = now;
+    w->next = NULL;
+    ncfsm__squeue *q = squeue_for(c, w->op.stream);
+    if (!q) {
+      ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY);
+      w = next;
+      continue;
+    }
+    if (q->tail) q->tail->next = w;
+    else q->head = w;
+    q->tail = w;
+    ncfsm__work_set_state(w, NCFSM_WORK_IN_FLIGHT);
+    w = next;
+  }
+  for (int i = 0; i < nms; i++) {
+    int rc = c->be->event_record(ms[i].mark->event, ms[i].stream);
+    if (rc != 0)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] event record failed (%d)", c->name, rc);
+  }
+  if (c->state == NCFSM_STATE_READY || c->state == NCFSM_STATE_LAUNCH_IN_PROGRESS)
+    ncfsm__fire(c, NCFSM_EV_LAUNCH_FINAL, NCFSM_OK);
+  if (c->state == NCFSM_STATE_READY && c->enlisted) ncfsm__fire(c, NCFSM_EV_ENLIST, NCFSM_OK);
+}
+
+/* After a group end that included c's ops (or init): decide the next state. */
+static void after_launch(ncfsm_comm *c, int rc, const char *what) {
+  int st = NCFSM__NCCL_SUCCESS;
+  if (IS_ERR(rc)) {
+    if (c->bcomm) c->be->get_async_error(c->bcomm, &st);
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, IS_ERR(st) ? st : rc, what);
+    return;
+  }
+  if (!c->opts.blocking && c->bcomm) {
+    int qrc = c->be->get_async_error(c->bcomm, &st);
+    if (qrc != NCFSM__NCCL_SUCCESS) st = qrc;
+  }
+  if (IS_ERR(st)) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, st, what);
+  } else if (st == NCFSM__NCCL_IN_PROGRESS) {
+    c->busy = true;
+    if (c->state == NCFSM_STATE_READY) ncfsm__fire(c, NCFSM_EV_LAUNCH_PENDING, NCFSM_OK);
+  } else {
+    launch_final(c);
+  }
+}
+
+static bool launchable(const ncfsm_comm *c) {
+  return !c->busy && c->bcomm &&
+         (c->state == NCFSM_STATE_READY ||
+          (c->state == NCFSM_STATE_FINALIZING && !c->fin_issued));
+}
+
+/* Would batch b overlap (R12) what is already taken for the same comms? */
+static bool conflicts(ncfsm_work *taken, ncfsm__batch *b) {
+  if (!taken) return false;
+  ncfsm_work *tail = taken;
+  while (tail->bnext) tail = tail->bnext;
+  tail->bnext = b->head; /* temporarily join the lists */
+  ncfsm_work *x, *y;
+  bool hit = ncfsm__find_overlap(taken, &x, &y);
+  tail->bnext = NULL;
+  return hit;
+}
+
+static void issue_inits(ncfsm_loop *loop) {
+  ncfsm_comm *todo[64];
+  int n = 0;
+  for (ncfsm_comm *c = loop->comms; c && n < 64; c = c->next)
+    if (c->state == NCFSM_STATE_INIT_IN_PROGRESS && !c->init_issued) todo[n++] = c;
+  if (!n) return;
+  /* One group: one thread may drive several ranks (R3), as ncclCommInitAll does. */
+  const ncfsm__backend *be = todo[0]->be;
+  bool grouped = n > 1;
+  for (int i = 1; i < n; i++) grouped &= todo[i]->be == be;
+  if (grouped) be->group_start();
+  int rcs[64];
+  for (int i = 0; i < n; i++) {
+    ncfsm_comm *c = todo[i];
+    ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
+    c->init_issued = true;
+    rcs[i] = c->be->comm_init(&c->bcomm, c->nranks, &c->uid, c->rank, &cfg);
+  }
+  int grc = grouped ? be->group_end() : NCFSM__NCCL_SUCCESS;
+  for (int i = 0; i < n; i++) {
+    ncfsm_comm *c = todo[i];
+    int rc = IS_ERR(rcs[i]) ? rcs[i] : IS_ERR(grc) ? grc : rcs[i];
+    if (IS_ERR(rc) || !c->bcomm) {
+      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, IS_ERR(rc) ? rc : NCFSM__NCCL_INTERNAL_ERROR,
+                       "ncclCommInitRankConfig");
+      continue;
+    }
+    int st = NCFSM__NCCL_SUCCESS;
+    if (!c->opts.blocking) c->be->get_async_error(c->bcomm, &st);
+    if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, st, "init");
+    else if (st == NCFSM__NCCL_SUCCESS) ncfsm__fire(c, NCFSM_EV_INIT_DONE, NCFSM_OK);
+  }
+}
+
+static void issue_finalize(ncfsm_comm *c) {
+  int rc = c->be->finalize(c->bcomm);
+  c->fin_issued = true;
+  if (IS_ERR(rc)) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommFinalize");
+    return;
+  }
+  int st = NCFSM__NCCL_SUCCESS;
+  if (!c->opts.blocking) c->be->get_async_error(c->bcomm, &st);
+  if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, st, "finalize");
+  else if (st == NCFSM__NCCL_SUCCESS) ncfsm__fire(c, NCFSM_EV_FINALIZE_DONE, NCFSM_OK);
+}
+
+static void issue_aborts(ncfsm_loop *loop) {
+  int n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) n += c->abort_pending;
+  if (!n) return;
+  /* R5: several comms are aborted inside one group, never one by one. */
+  const ncfsm__backend *be = NULL;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (c->abort_pending) be = c->be;
+  if (n > 1) be->group_start();
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (c->abort_pending) ncfsm__comm_do_abort(c);
+  if (n > 1) be->group_end();
+}
+
+void ncfsm__launch(ncfsm_loop *loop) {
+  issue_aborts(loop);
+  issue_inits(loop);
+
+  /* Take launchable batches in FIFO order; a comm whose batch cannot go
+   * blocks its later batches (per-comm order is kept). */
+  ncfsm_comm *blocked[64];
+  int nblocked = 0;
+  ncfsm_work *taken = NULL, *taken_tail = NULL;
+  unsigned ntaken = 0;
+  ncfsm__batch *prev = NULL, *b = loop->bq_head;
+  while (b) {
+    ncfsm__batch *bn = b->next;
+    bool ok = true;
+    for (ncfsm_work *w = b->head; w && ok; w = w->bnext) {
+      if (!launchable(w->comm) || (taken && w->comm->be != taken->comm->be)) ok = false;
+      for (int i = 0; i < nblocked && ok; i++)
+        if (blocked[i] == w->comm) ok = false;
+    }
+    if (ok && ntaken && ntaken + (unsigned)b->nworks > loop->opts.coalesce_max) ok = false;
+    if (ok && conflicts(taken, b)) ok = false; /* R12: split at a dependency */
+    if (!ok) {
+      for (ncfsm_work *w = b->head; w; w = w->bnext) {
+        int i;
+        for (i = 0; i < nblocked; i++)
+          if (blocked[i] == w->comm) break;
+        if (i == nblocked && nblocked < 64) blocked[nblocked++] = w->comm;
+      }
+      if (nblocked == 64) break;
+      prev = b;
+      b = bn;
+      continue;
+    }
+    batch_unlink(loop, prev, b);
+    if (taken_tail) taken_tail->bnext = b->head;
+    else taken = b->head;
+    taken_tail = b->tail;
+    ntaken += (unsigned)b->nworks;
+    for (ncfsm_work *w = b->head; w; w = w->bnext) w->batch = NULL;
+    if (b->explicit_group) free(b);
+    b = bn;
+  }
+
+  if (taken) {
+    const ncfsm__backend *be = taken->comm->be;
+    uint64_t now = ncfsm__now_ns();
+    ncfsm_comm *touched[64];
+    int ntouched = 0;
+    int op_rc[64];
+    be->group_start();
+    for (ncfsm_work *w = taken, *next; w; w = next) {
+      next = w->bnext;
+      w->bnext = NULL;
+      ncfsm_comm *c = w->comm;
+      int i;
+      for (i = 0; i < ntouched; i++)
+        if (touched[i] == c) break;
+      if (i == ntouched) {
+        if (ntouched == 64) { /* cannot happen: blocked[] caps comms at 64 */
+          ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY);
+          continue;
+        }
+        touched[ntouched] = c;
+        op_rc[ntouched++] = NCFSM__NCCL_SUCCESS;
+      }
+      c->npending--;
+      w->t_launch = now;
+      if (c->opts.timeout_ms) w->deadline_ns = now + c->opts.timeout_ms * 1000000ull;
+      int rc = be->op(c->bcomm, &w->op);
+      if (IS_ERR(rc) && !IS_ERR(op_rc[i])) op_rc[i] = rc;
+      ncfsm__work_set_state(w, NCFSM_WORK_LAUNCHING);
+      /* launching list keeps submission order */
+      w->next = NULL;
+      if (!c->launching) c->launching = w;
+      else {
+        ncfsm_work *t = c->launching;
+        while (t->next) t = t->next;
+        t->next = w;
+      }
+    }
+    int grc = be->group_end();
+    for (int i = 0; i < ntouched; i++)
+      after_launch(touched[i], IS_ERR(op_rc[i]) ? op_rc[i] : grc, "launch");
+    ncfsm__loop_arm_poll(loop, true);
+  }
+
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (c->state == NCFSM_STATE_FINALIZING && !c->busy && !c->fin_issued && c->npending == 0 &&
+        c->bcomm)
+      issue_finalize(c);
+}
+
+/* ---- progress --------------------------------------------------------------------- */
+
+static bool needs_poll(const ncfsm_comm *c) {
+  if (!c->bcomm) return false;
+  switch (c->state) {
+    case NCFSM_STATE_INIT_IN_PROGRESS: return c->init_issued;
+    case NCFSM_STATE_LAUNCH_IN_PROGRESS:
+    case NCFSM_STATE_REVOKING: return true;
+    case NCFSM_STATE_FINALIZING: return true;
+    case NCFSM_STATE_READY:
+    case NCFSM_STATE_GROUP_OPEN:
+    case NCFSM_STATE_FINALIZED:
+      for (int i = 0; i < c->nsq; i++)
+        if (c->sq[i].head) return true; /* R10: watch the async state too */
+      return false;
+    default: return false;
+  }
+}
+
+static bool poll_comm(ncfsm_comm *c) {
+  int st = NCFSM__NCCL_SUCCESS;
+  int rc = c->be->get_async_error(c->bcomm, &st);
+  if (rc != NCFSM__NCCL_SUCCESS) st = rc;
+  if (IS_ERR(st)) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_ASYNC, st, "ncclCommGetAsyncError");
+    return true;
+  }
+  if (st == NCFSM__NCCL_IN_PROGRESS) return false;
+  switch (c->state) {
+    case NCFSM_STATE_INIT_IN_PROGRESS:
+      ncfsm__fire(c, NCFSM_EV_INIT_DONE, NCFSM_OK);
+      if (c->enlisted) ncfsm__fire(c, NCFSM_EV_ENLIST, NCFSM_OK);
+      return true;
+    case NCFSM_STATE_LAUNCH_IN_PROGRESS:
+      launch_final(c);
+      return true;
+    case NCFSM_STATE_FINALIZING:
+      if (c->busy) { launch_final(c); return true; }
+      if (c->fin_issued) { ncfsm__fire(c, NCFSM_EV_FINALIZE_DONE, NCFSM_OK); return true; }
+      return false;
+    case NCFSM_STATE_REVOKING:
+      fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED); /* R6: in-flight work was stopped */
+      ncfsm__fire(c, NCFSM_EV_REVOKE_DONE, NCFSM_OK);
+      return true;
+    default:
+      return false;
+  }
+}
+
+static bool drain_streams(ncfsm_comm *c) {
+  bool progress = false;
+  for (int i = 0; i < c->nsq; i++) {
+    ncfsm__squeue *q = &c->sq[i];
+    while (q->head) {
+      ncfsm__mark *m = q->head->mark;
+      int rc = c->be->event_query(m->event);
+      if (rc == 1) break;
+      if (rc != 0) {
+        ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_UNHANDLED_CUDA_ERROR,
+                         "cudaEventQuery");
+        return true;
+      }
+      while (q->head && q->head->mark == m) {
+        ncfsm_work *w = q->head;
+        q->head = w->next;
+        ncfsm__work_finish(w, NCFSM_WORK_COMPLETED, NCFSM_OK);
+      }
+      if (!q->head) q->tail = NULL;
+      progress = true;
+    }
+  }
+  return progress;
+}
+
+static void watchdog(ncfsm_comm *c, uint64_t now) {
+  if (!c->opts.timeout_ms) return;
+  bool phase = c->state == NCFSM_STATE_INIT_IN_PROGRESS || c->state == NCFSM_STATE_LAUNCH_IN_PROGRESS ||
+               c->state == NCFSM_STATE_FINALIZING || c->state == NCFSM_STATE_REVOKING;
+  if (phase && c->phase_deadline && now > c->phase_deadline) {
+    ncfsm__comm_fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, NCFSM__NCCL_IN_PROGRESS,
+                     "watchdog: phase did not end within timeout");
+    return;
+  }
+  for (int i = 0; i < c->nsq; i++) {
+    ncfsm_work *w = c->sq[i].head;
+    if (w && w->deadline_ns && now > w->deadline_ns) {
+      char what[160];
+      snprintf(what, sizeof what, "watchdog: %s seq %llu did not complete within %llu ms",
+               ncfsm_opkind_name(w->op.kind), (unsigned long long)w->fp.seq,
+               (unsigned long long)c->opts.timeout_ms);
+      ncfsm__comm_fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, NCFSM__NCCL_SUCCESS, what);
+      return;
+    }
+  }
+}
+
+void ncfsm__progress(ncfsm_loop *loop) {
+  bool progress = false;
+  uint64_t now = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    if (needs_poll(c)) progress |= poll_comm(c);
+    if (c->nsq) progress |= drain_streams(c);
+    if (c->opts.timeout_ms) {
+      if (!now) now = ncfsm__now_ns();
+      watchdog(c, now);
+    }
+  }
+  if (ncfsm__loop_pending(loop)) ncfsm__loop_arm_poll(loop, progress);
+}
+
+/* ---- R12 overlap detection ---------------------------------------------------------- */
+
+typedef struct {
+  uintptr_t lo, hi;
+  bool write;
+  ncfsm_work *w;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Bytes each buffer of an op touches on this rank. */
+static void op_spans(const ncfsm_work *w, span *s, int *n) {
+  const ncfsm__op *o = &w->op;
+  size_t es = ncfsm_dtype_size(o->dtype), nr = (size_t)w->comm->nranks;
+  size_t in = o->count * es, out = o->count * es;
+  bool is_root = w->comm->rank == o->root;
+  switch (o->kind) {
+    case NCFSM_KIND_ALLGATHER: out *= nr; break;
+    case NCFSM_KIND_REDUCESCATTER: in *= nr; break;
+    case NCFSM_KIND_ALLTOALL: in *= nr; out *= nr; break;
+    case NCFSM_KIND_GATHER: out = is_root ? out * nr : 0; break;
+    case NCFSM_KIND_SCATTER: in = is_root ? in * nr : 0; break;
+    case NCFSM_KIND_REDUCE: out = is_root ? out : 0; break;
+    case NCFSM_KIND_BROADCAST: in = is_root ? in : 0; break;
+    case NCFSM_KIND_SEND: out = 0; break;
+    case NCFSM_KIND_RECV: in = 0; break;
+    default: break;
+  }
+  *n = 0;
+  if (in && o->send) s[(*n)++] = (span){(uintptr_t)o->send, (uintptr_t)o->send + in, false, (ncfsm_work *)w};
+  if (out && o->recv) s[(*n)++] = (span){(uintptr_t)o->recv, (uintptr_t)o->recv + out, true, (ncfsm_work *)w};
+}
+
+bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y) {
+  int n = 0;
+  for (ncfsm_work *w = list; w; w = w->bnext) n += 2;
+  if (n <= 2) return false;
+  span stack[64], *s = n <= 64 ? stack : malloc((size_t)n * sizeof *s);
+  if (!s) return false;
+  int k = 0;
+  for (ncfsm_work *w = list; w; w = w->bnext) {
+    int m;
+    op_spans(w, s + k, &m);
+    k += m;
+  }
+  qsort(s, (size_t)k, sizeof *s, span_cmp);
+  bool hit = false;
+  /* Sweep: compare each span with the later ones that start before it ends. */
+  for (int i = 0; i < k && !hit; i++)
+    for (int j = i + 1; j < k && s[j].lo < s[i].hi; j++)
+      if (s[i].w != s[j].w && s[i].w->comm == s[j].w->comm && (s[i].write || s[j].write)) {
+        *x = s[i].w;
+        *y = s[j].w;
+        hit = true;
+        break;
+      }
+  if (s != stack) free(s);
+  return hit;
+}

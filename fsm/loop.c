@@ -1,0 +1,345 @@
+/* The loop: a libevent base, the wakeup event, the progress timer, and the
+ * delivery of callbacks on the loop thread. The only file that calls libevent. */
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsm/internal.h"
+
+static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
+static int evthread_rc;
+static void evthread_init(void) { evthread_rc = evthread_use_pthreads(); }
+
+void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
+  memset(o, 0, sizeof *o);
+  const char *ov = ncfsm__env_str("NCFSM_OVERLAP", "reject");
+  o->overlap = !strcmp(ov, "warn") ? NCFSM_OVERLAP_WARN
+               : !strcmp(ov, "off") ? NCFSM_OVERLAP_OFF
+                                    : NCFSM_OVERLAP_REJECT;
+  o->poll_burst = (unsigned)ncfsm__env_ll("NCFSM_POLL_BURST", 64);
+  o->poll_max_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_MAX_US", 1000);
+  o->coalesce_max = (unsigned)ncfsm__env_ll("NCFSM_COALESCE_MAX", 64);
+  if (o->coalesce_max == 0) o->coalesce_max = 1;
+}
+
+static void set_runner(ncfsm_loop *loop) {
+  loop->runner = pthread_self();
+  loop->running++;
+}
+static void clear_runner(ncfsm_loop *loop) { loop->running--; }
+
+bool ncfsm__loop_can_drive(ncfsm_loop *loop) {
+  return loop->running == 0 || pthread_equal(loop->runner, pthread_self());
+}
+
+void ncfsm__loop_wake(ncfsm_loop *loop) { event_active(loop->ev_wake, EV_READ, 0); }
+
+void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec) {
+  if (loop->trace) loop->trace(rec, loop->trace_arg);
+}
+
+/* Adaptive progress schedule: poll_burst immediate re-polls after the last
+ * progress, then intervals doubling from 1 us up to poll_max_us. No timer
+ * is armed when nothing is pending. */
+void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
+  if (progress) loop->poll_iter = 0;
+  if (loop->poll_armed) return;
+  struct timeval tv = {0, 0};
+  if (loop->poll_iter >= loop->opts.poll_burst) {
+    unsigned shift = loop->poll_iter - loop->opts.poll_burst;
+    unsigned long us = shift >= 20 ? loop->opts.poll_max_us : (1ul << shift);
+    if (us > loop->opts.poll_max_us) us = loop->opts.poll_max_us;
+    tv.tv_usec = (suseconds_t)us;
+  }
+  loop->poll_iter++;
+  loop->poll_armed = true;
+  evtimer_add(loop->ev_poll, &tv);
+}
+
+/* Deliver queued callbacks with the lock dropped (callbacks may call ncfsm). */
+void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
+  while (loop->notify_head || loop->snote_head || loop->calls_head) {
+    struct ncfsm__state_note *sn = loop->snote_head;
+    ncfsm_work *w = loop->notify_head;
+    ncfsm__call_req *cr = loop->calls_head;
+    loop->snote_head = loop->snote_tail = NULL;
+    loop->notify_head = loop->notify_tail = NULL;
+    loop->calls_head = loop->calls_tail = NULL;
+    pthread_mutex_unlock(&loop->mu);
+    while (sn) {
+      struct ncfsm__state_note *n = sn->next;
+      if (sn->comm->opts.on_state)
+        sn->comm->opts.on_state(sn->comm, sn->from, sn->to, sn->ev, sn->comm->opts.on_state_arg);
+      pthread_mutex_lock(&loop->mu);
+      ncfsm__comm_unref(sn->comm);
+      pthread_mutex_unlock(&loop->mu);
+      free(sn);
+      sn = n;
+    }
+    while (w) {
+      ncfsm_work *n = w->next;
+      if (w->cb) w->cb(w, w->status, w->arg);
+      pthread_mutex_lock(&loop->mu);
+      w->delivered = true;
+      ncfsm__work_unref(w);
+      pthread_mutex_unlock(&loop->mu);
+      w = n;
+    }
+    while (cr) {
+      ncfsm__call_req *n = cr->next;
+      cr->fn(cr->arg);
+      free(cr);
+      cr = n;
+    }
+    pthread_mutex_lock(&loop->mu);
+  }
+  pthread_cond_broadcast(&loop->cv);
+}
+
+static void turn(ncfsm_loop *loop, bool poll) {
+  pthread_mutex_lock(&loop->mu);
+  set_runner(loop);
+  if (poll) loop->poll_armed = false;
+  ncfsm__progress(loop);
+  ncfsm__launch(loop);
+  ncfsm__loop_flush_notes(loop);
+  /* A callback may have submitted work: launch it in this turn. */
+  if (loop->bq_head) {
+    ncfsm__launch(loop);
+    ncfsm__loop_flush_notes(loop);
+  }
+  if (!loop->poll_armed && ncfsm__loop_pending(loop)) ncfsm__loop_arm_poll(loop, false);
+  clear_runner(loop);
+  pthread_mutex_unlock(&loop->mu);
+}
+
+static void on_wake(evutil_socket_t fd, short what, void *arg) { turn(arg, false); }
+static void on_poll(evutil_socket_t fd, short what, void *arg) { turn(arg, true); }
+
+static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm_loop_opts *opts,
+                                  ncfsm_loop **out) {
+  if (!out) return NCFSM_ERR_INVALID_ARGUMENT;
+  *out = NULL;
+  ncfsm__log_init();
+  pthread_once(&evthread_once, evthread_init);
+  if (evthread_rc != 0) return NCFSM_ERR_SYSTEM;
+  ncfsm_loop *loop = calloc(1, sizeof *loop);
+  if (!loop) return NCFSM_ERR_NO_MEMORY;
+  if (opts) loop->opts = *opts;
+  else ncfsm_loop_opts_init(&loop->opts);
+  if (loop->opts.coalesce_max == 0) loop->opts.coalesce_max = 1;
+  if (loop->opts.poll_max_us == 0) loop->opts.poll_max_us = 1;
+  if (own) {
+    base = event_base_new();
+    if (!base) { free(loop); return NCFSM_ERR_SYSTEM; }
+  } else if (evthread_make_base_notifiable(base) != 0) {
+    free(loop);
+    return NCFSM_ERR_SYSTEM;
+  }
+  loop->base = base;
+  loop->own_base = own;
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&loop->mu, &a);
+  pthread_mutexattr_destroy(&a);
+  pthread_cond_init(&loop->cv, NULL);
+  loop->ev_wake = event_new(base, -1, 0, on_wake, loop);
+  loop->ev_poll = evtimer_new(base, on_poll, loop);
+  if (!loop->ev_wake || !loop->ev_poll) {
+    if (loop->ev_wake) event_free(loop->ev_wake);
+    if (loop->ev_poll) event_free(loop->ev_poll);
+    if (own) event_base_free(base);
+    pthread_mutex_destroy(&loop->mu);
+    pthread_cond_destroy(&loop->cv);
+    free(loop);
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  loop->group_err = NCFSM_OK;
+  loop->magic = NCFSM__LOOP_MAGIC;
+  *out = loop;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_loop_new(const ncfsm_loop_opts *opts, ncfsm_loop **out) {
+  return loop_create(NULL, true, opts, out);
+}
+
+ncfsm_result_t ncfsm_loop_new_embedded(struct event_base *base, const ncfsm_loop_opts *opts,
+                                       ncfsm_loop **out) {
+  if (!base) return NCFSM_ERR_INVALID_ARGUMENT;
+  return loop_create(base, false, opts, out);
+}
+
+struct event_base *ncfsm_loop_base(ncfsm_loop *loop) {
+  return loop && loop->magic == NCFSM__LOOP_MAGIC ? loop->base : NULL;
+}
+
+bool ncfsm__loop_pending(ncfsm_loop *loop) {
+  if ((loop->bq_head && loop->group_depth == 0) || loop->notify_head || loop->snote_head || loop->calls_head) return true;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    switch (c->state) {
+      case NCFSM_STATE_INIT_IN_PROGRESS:
+      case NCFSM_STATE_LAUNCH_IN_PROGRESS:
+      case NCFSM_STATE_FINALIZING:
+      case NCFSM_STATE_REVOKING:
+        return true;
+      default:
+        break;
+    }
+    if (c->launching || c->abort_pending) return true;
+    for (int i = 0; i < c->nsq; i++)
+      if (c->sq[i].head) return true;
+  }
+  return false;
+}
+
+ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
+  if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&loop->mu);
+  if (loop->running && !pthread_equal(loop->runner, pthread_self())) {
+    snprintf(loop->last_error, sizeof loop->last_error,
+             "ncfsm_loop_run: the loop is already run by another thread; wait on works instead");
+    pthread_mutex_unlock(&loop->mu);
+    return NCFSM_ERR_WRONG_THREAD;
+  }
+  pthread_mutex_unlock(&loop->mu);
+  for (;;) {
+    pthread_mutex_lock(&loop->mu);
+    bool pending = ncfsm__loop_pending(loop);
+    pthread_mutex_unlock(&loop->mu);
+    if (mode == NCFSM_RUN_DEFAULT && !pending) return NCFSM_OK;
+    int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK : EVLOOP_ONCE;
+    if (event_base_loop(loop->base, flags) < 0) return NCFSM_ERR_SYSTEM;
+    if (mode != NCFSM_RUN_DEFAULT) return NCFSM_OK;
+  }
+}
+
+static void *loop_thread_main(void *arg) {
+  ncfsm_loop *loop = arg;
+  for (;;) {
+    pthread_mutex_lock(&loop->mu);
+    bool stop = loop->thread_stop;
+    pthread_mutex_unlock(&loop->mu);
+    if (stop) break;
+    event_base_loop(loop->base, EVLOOP_ONCE | EVLOOP_NO_EXIT_ON_EMPTY);
+  }
+  return NULL;
+}
+
+static void noop_cb(void *arg) { (void)arg; }
+
+ncfsm_result_t ncfsm_loop_start_thread(ncfsm_loop *loop) {
+  if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&loop->mu);
+  if (loop->thread_started || !loop->own_base) {
+    snprintf(loop->last_error, sizeof loop->last_error,
+             "ncfsm_loop_start_thread: %s", loop->thread_started
+                                                ? "a loop thread is already running"
+                                                : "an embedded loop is run by its application");
+    pthread_mutex_unlock(&loop->mu);
+    return NCFSM_ERR_INVALID_USAGE;
+  }
+  loop->thread_stop = false;
+  if (pthread_create(&loop->thread, NULL, loop_thread_main, loop) != 0) {
+    pthread_mutex_unlock(&loop->mu);
+    return NCFSM_ERR_SYSTEM;
+  }
+  loop->thread_started = true;
+  loop->runner = loop->thread;
+  loop->running++;
+  pthread_mutex_unlock(&loop->mu);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_loop_stop_thread(ncfsm_loop *loop) {
+  if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&loop->mu);
+  if (!loop->thread_started) {
+    pthread_mutex_unlock(&loop->mu);
+    return NCFSM_ERR_INVALID_USAGE;
+  }
+  loop->thread_stop = true;
+  pthread_mutex_unlock(&loop->mu);
+  ncfsm_loop_call(loop, noop_cb, NULL); /* wake it */
+  pthread_join(loop->thread, NULL);
+  pthread_mutex_lock(&loop->mu);
+  loop->thread_started = false;
+  loop->running--;
+  pthread_mutex_unlock(&loop->mu);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) {
+  if (!loop || loop->magic != NCFSM__LOOP_MAGIC || !fn) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm__call_req *r = malloc(sizeof *r);
+  if (!r) return NCFSM_ERR_NO_MEMORY;
+  r->fn = fn;
+  r->arg = arg;
+  r->next = NULL;
+  pthread_mutex_lock(&loop->mu);
+  if (loop->calls_tail) loop->calls_tail->next = r;
+  else loop->calls_head = r;
+  loop->calls_tail = r;
+  pthread_mutex_unlock(&loop->mu);
+  ncfsm__loop_wake(loop);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
+  if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&loop->mu);
+  int open = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (!c->released) open++;
+  if (open || loop->thread_started || loop->group_depth) {
+    snprintf(loop->last_error, sizeof loop->last_error,
+             "ncfsm_loop_close: %d communicator(s) not released%s%s; abort/destroy and "
+             "ncfsm_comm_release them first",
+             open, loop->thread_started ? ", loop thread still running" : "",
+             loop->group_depth ? ", a group is open" : "");
+    pthread_mutex_unlock(&loop->mu);
+    return NCFSM_ERR_BUSY;
+  }
+  /* Deliver what is left (callbacks of released comms' works). */
+  set_runner(loop);
+  ncfsm__progress(loop);
+  ncfsm__loop_flush_notes(loop);
+  clear_runner(loop);
+  if (loop->comms) { /* released but still referenced by user-held works */
+    snprintf(loop->last_error, sizeof loop->last_error,
+             "ncfsm_loop_close: work handles are still held; ncfsm_work_release them first");
+    pthread_mutex_unlock(&loop->mu);
+    return NCFSM_ERR_BUSY;
+  }
+  loop->magic = NCFSM__DEAD_MAGIC;
+  while (loop->free_works) {
+    ncfsm_work *w = loop->free_works;
+    loop->free_works = w->next;
+    free(w);
+  }
+  pthread_mutex_unlock(&loop->mu);
+  event_free(loop->ev_wake);
+  event_free(loop->ev_poll);
+  if (loop->own_base) event_base_free(loop->base);
+  pthread_mutex_destroy(&loop->mu);
+  pthread_cond_destroy(&loop->cv);
+  free(loop);
+  return NCFSM_OK;
+}
+
+void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg) {
+  if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return;
+  pthread_mutex_lock(&loop->mu);
+  loop->trace = fn;
+  loop->trace_arg = arg;
+  pthread_mutex_unlock(&loop->mu);
+}
+
+const char *ncfsm_loop_last_error(ncfsm_loop *loop) {
+  if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return "invalid loop handle";
+  return loop->last_error;
+}

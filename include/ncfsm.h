@@ -1,0 +1,302 @@
+/*
+ * ncfsm: NCCL communicators as explicit state machines on a libevent loop.
+ *
+ * Every call below is thread-safe unless its comment says otherwise. Backend
+ * (NCCL/CUDA or sim) calls are only made by the thread that runs the loop
+ * (NCCL-RULES R9); calls from other threads take the loop's lock, do the
+ * state bookkeeping and wake the loop. Callbacks always run on the loop
+ * thread, exactly once, and never when the call that took them failed.
+ */
+#ifndef NCFSM_H
+#define NCFSM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ncfsm/result.h"
+#include "ncfsm/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NCFSM_VERSION_MAJOR 0
+#define NCFSM_VERSION_MINOR 1
+#define NCFSM_VERSION_PATCH 0
+
+struct event_base;
+typedef struct ncfsm_loop ncfsm_loop;
+typedef struct ncfsm_comm ncfsm_comm;
+typedef struct ncfsm_work ncfsm_work;
+
+/* ---- states, events, calls: expanded from fsm/comm.def ------------------ */
+typedef enum ncfsm_state {
+#define NCFSM_STATE(name, desc) NCFSM_STATE_##name,
+#include "ncfsm/comm.def"
+  NCFSM_STATE_COUNT
+} ncfsm_state_t;
+
+typedef enum ncfsm_event {
+#define NCFSM_EVENT(name, desc) NCFSM_EV_##name,
+#include "ncfsm/comm.def"
+  NCFSM_EVENT_COUNT
+} ncfsm_event_t;
+
+typedef enum ncfsm_call {
+#define NCFSM_CALL(name, fn) NCFSM_CALL_##name,
+#include "ncfsm/comm.def"
+  NCFSM_CALL_COUNT
+} ncfsm_call_t;
+
+typedef enum ncfsm_work_state {
+#define NCFSM_WORK_STATE(name, desc) NCFSM_WORK_##name,
+#include "ncfsm/comm.def"
+  NCFSM_WORK_STATE_COUNT
+} ncfsm_work_state_t;
+
+/* What the legality table decides for a (state, call) cell. */
+typedef enum ncfsm_decision {
+  NCFSM_REJECT = 0, /* refused with an error; the backend is not reached */
+  NCFSM_ALLOW,      /* accepted; the backend is reached now or at the next launch */
+  NCFSM_DEFER       /* accepted and queued; the backend is reached once the comm is READY */
+} ncfsm_decision_t;
+
+const char *ncfsm_state_name(ncfsm_state_t s);
+const char *ncfsm_event_name(ncfsm_event_t e);
+const char *ncfsm_call_name(ncfsm_call_t c);
+const char *ncfsm_work_state_name(ncfsm_work_state_t s);
+const char *ncfsm_decision_name(ncfsm_decision_t d);
+/* The table's cell: decision, the NCCL-RULES id it cites and the hint shown
+ * to the user when the call is rejected. */
+ncfsm_decision_t ncfsm_legality(ncfsm_state_t s, ncfsm_call_t c, const char **rule,
+                                const char **hint);
+/* The transition table: next state for (s, e), or NCFSM_STATE_COUNT when the
+ * event is invalid in s. */
+ncfsm_state_t ncfsm_transition(ncfsm_state_t s, ncfsm_event_t e, const char **action,
+                               const char **rule);
+
+/* ---- trace -------------------------------------------------------------- */
+typedef enum ncfsm_object_kind { NCFSM_OBJ_COMM, NCFSM_OBJ_WORK, NCFSM_OBJ_LOOP } ncfsm_object_kind_t;
+
+typedef struct ncfsm_trace_rec {
+  ncfsm_object_kind_t kind;
+  const void *object; /* the comm or work handle */
+  int rank;           /* comm rank, -1 if not yet known */
+  uint64_t seq;       /* work sequence number (works only) */
+  int state;          /* ncfsm_state_t for comms, ncfsm_work_state_t for works */
+  int event;          /* ncfsm_event_t for comms, -1 for works */
+  int next;           /* state after the step */
+  ncfsm_result_t result;
+  uint64_t time_ns;   /* CLOCK_MONOTONIC */
+} ncfsm_trace_rec;
+
+/* Called under the loop's lock for every transition; it must not call ncfsm. */
+typedef void (*ncfsm_trace_fn)(const ncfsm_trace_rec *rec, void *arg);
+
+/* ---- loop --------------------------------------------------------------- */
+typedef enum ncfsm_overlap_policy {
+  NCFSM_OVERLAP_REJECT = 0, /* default: a group with overlapping writes fails at its end */
+  NCFSM_OVERLAP_WARN,       /* log and launch anyway */
+  NCFSM_OVERLAP_OFF
+} ncfsm_overlap_policy_t;
+
+typedef struct ncfsm_loop_opts {
+  ncfsm_overlap_policy_t overlap;  /* R12 check at group end */
+  unsigned poll_burst;             /* immediate re-polls before backing off (default 64) */
+  unsigned poll_max_us;            /* longest poll interval (default 1000) */
+  unsigned coalesce_max;           /* most ops launched in one backend group (default 64; 1 = off) */
+} ncfsm_loop_opts;
+
+void ncfsm_loop_opts_init(ncfsm_loop_opts *o); /* defaults, then NCFSM_* environment */
+
+/* A loop with its own event_base. */
+ncfsm_result_t ncfsm_loop_new(const ncfsm_loop_opts *opts, ncfsm_loop **out);
+/* A loop inside an application's event_base (which the application runs). */
+ncfsm_result_t ncfsm_loop_new_embedded(struct event_base *base, const ncfsm_loop_opts *opts,
+                                       ncfsm_loop **out);
+struct event_base *ncfsm_loop_base(ncfsm_loop *loop);
+
+typedef enum ncfsm_run_mode {
+  NCFSM_RUN_DEFAULT, /* until nothing is pending (no comm in progress, no work in flight) */
+  NCFSM_RUN_ONCE,    /* one turn, waiting for something if something is pending */
+  NCFSM_RUN_NOWAIT   /* one turn, never waits */
+} ncfsm_run_mode_t;
+ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode);
+/* Run the loop on a thread of its own until ncfsm_loop_stop_thread. */
+ncfsm_result_t ncfsm_loop_start_thread(ncfsm_loop *loop);
+ncfsm_result_t ncfsm_loop_stop_thread(ncfsm_loop *loop);
+/* Run fn(arg) on the loop thread (thread-safe; wakes the loop). */
+ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg);
+/* NCFSM_ERR_BUSY while communicators are not released. */
+ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop);
+void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg);
+/* Last error of loop-level calls (groups) made by the calling thread. */
+const char *ncfsm_loop_last_error(ncfsm_loop *loop);
+
+/* ---- groups (R3) --------------------------------------------------------- */
+/* Groups are loop-wide, like NCCL's thread-local groups, and owned by the
+ * thread that opened the outermost one. Nested groups are legal; only the
+ * outermost end launches. An argument error inside a group fails that call,
+ * leaves the group open, and is returned again by the outermost end, which
+ * must still be called; every work of that group then fails with
+ * NCFSM_ERR_GROUP and nothing reaches the backend. */
+ncfsm_result_t ncfsm_group_start(ncfsm_loop *loop);
+ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop);
+int ncfsm_group_depth(ncfsm_loop *loop);
+
+/* ---- communicators -------------------------------------------------------- */
+typedef enum ncfsm_backend_kind {
+  NCFSM_BACKEND_AUTO = 0, /* nccl when a GPU is visible, else sim (NCFSM_BACKEND) */
+  NCFSM_BACKEND_SIM,
+  NCFSM_BACKEND_NCCL
+} ncfsm_backend_kind_t;
+
+typedef enum ncfsm_error_policy {
+  NCFSM_ON_ERROR_ABORT = 0, /* default: fail pending works, abort the comm (R5, R10) */
+  NCFSM_ON_ERROR_STAY,      /* fail pending works, stay in ERROR until the user aborts */
+  NCFSM_ON_ERROR_EXIT       /* fail pending works, then exit(3) */
+} ncfsm_error_policy_t;
+
+/* Behaviour of the sim backend (a model of NCCL 2.28, see docs/sim.md). */
+typedef struct ncfsm_sim_opts {
+  int init_polls;          /* polls until a nonblocking init succeeds (default 3) */
+  int launch_polls;        /* polls until an InProgress group end is final (default 1) */
+  int finalize_polls;      /* polls until finalize is done (default 2) */
+  int revoke_polls;        /* polls until revoke is quiescent (default 1) */
+  int group_end_inprogress;/* 1: every nonblocking group end returns InProgress (2.28, default);
+                              0: returns success directly (2.22.3, as in the seed) */
+  int fail_init;           /* nonzero: init ends in this ncclResult_t code */
+  int64_t async_error_at_op; /* >= 0: the op with this seq sets this async error */
+  int async_error_code;    /* code for async_error_at_op (default ncclRemoteError = 6) */
+  int never_arrive;        /* 1: this rank never posts its ops (peers hang) */
+  uint64_t shuffle_seed;   /* order in which ops of one group run (R12) */
+  int has_revoke;          /* 1: model 2.28.9 (Revoke exists, default); 0: 2.28.3 */
+} ncfsm_sim_opts;
+
+void ncfsm_sim_opts_init(ncfsm_sim_opts *o); /* defaults, then NCFSM_SIM_* environment */
+
+typedef void (*ncfsm_state_cb)(ncfsm_comm *comm, ncfsm_state_t from, ncfsm_state_t to,
+                               ncfsm_event_t ev, void *arg);
+
+typedef struct ncfsm_comm_opts {
+  ncfsm_backend_kind_t backend;
+  int blocking;                 /* 0: nonblocking NCCL communicator (default) */
+  int device;                   /* CUDA device (sim: a label checked against streams) */
+  uint64_t timeout_ms;          /* watchdog per work and per *_IN_PROGRESS phase; 0 = off */
+  ncfsm_error_policy_t on_error;
+  ncfsm_state_cb on_state;      /* called on the loop thread after each transition */
+  void *on_state_arg;
+  const ncfsm_sim_opts *sim;    /* NULL: defaults */
+  const char *name;             /* shown in logs and last-error strings */
+} ncfsm_comm_opts;
+
+void ncfsm_comm_opts_init(ncfsm_comm_opts *o); /* defaults, then NCFSM_* environment */
+
+#define NCFSM_UNIQUE_ID_BYTES 128
+typedef struct ncfsm_unique_id {
+  char internal[NCFSM_UNIQUE_ID_BYTES];
+} ncfsm_unique_id;
+
+/* A unique id for a new clique (ncclGetUniqueId, or the sim's registry key). */
+ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id *id);
+
+/* A communicator in state NEW. */
+ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out);
+/* NEW -> INIT_IN_PROGRESS; the backend init runs at the loop's next turn. */
+ncfsm_result_t ncfsm_comm_init(ncfsm_comm *comm, int nranks, int rank, const ncfsm_unique_id *id);
+/* n ranks of one clique in this process (one thread drives them all, in one group). */
+ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opts *opts,
+                                   const int *devices, ncfsm_comm **comms);
+
+ncfsm_state_t ncfsm_comm_state(const ncfsm_comm *comm);
+int ncfsm_comm_rank(const ncfsm_comm *comm);
+int ncfsm_comm_size(const ncfsm_comm *comm);
+int ncfsm_comm_device(const ncfsm_comm *comm);
+/* The cause of the last failed call on this comm (state, call, what to do). */
+const char *ncfsm_comm_last_error(const ncfsm_comm *comm);
+/* The backend's async error code and last error text, when in ERROR. */
+int ncfsm_comm_backend_error(const ncfsm_comm *comm);
+/* Next sequence number and the rolling hash of all fingerprints so far. */
+uint64_t ncfsm_comm_seq(const ncfsm_comm *comm);
+uint64_t ncfsm_comm_hash(const ncfsm_comm *comm);
+/* Blocking: run the loop until the comm is in state s (OK), in a state from
+ * which s cannot be reached (ERR_ILLEGAL_STATE), or timeout_ms passed
+ * (ERR_TIMEOUT; 0 = no limit). */
+ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *comm, ncfsm_state_t s, uint64_t timeout_ms);
+
+ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *comm);
+ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *comm);
+ncfsm_result_t ncfsm_comm_abort(ncfsm_comm *comm);
+ncfsm_result_t ncfsm_comm_revoke(ncfsm_comm *comm);
+/* Free the handle: legal in NEW and CLOSED. */
+ncfsm_result_t ncfsm_comm_release(ncfsm_comm *comm);
+
+/* A stream for this comm's backend and device (sim: a FIFO model of a CUDA stream). */
+ncfsm_result_t ncfsm_stream_create(ncfsm_comm *comm, void **stream);
+ncfsm_result_t ncfsm_stream_destroy(ncfsm_comm *comm, void *stream);
+
+/* ---- operations --------------------------------------------------------- */
+/* Completion callback: once, on the loop thread, with the final status
+ * (NCFSM_OK, or the cause: ERR_ASYNC, ERR_TIMEOUT, ERR_ABORTED, ERR_GROUP...). */
+typedef void (*ncfsm_work_cb)(ncfsm_work *w, ncfsm_result_t status, void *arg);
+
+/* Every operation returns a work through *out when out is non-NULL; the
+ * caller then owns a reference and must ncfsm_work_release it. stream NULL
+ * means the comm's default stream. */
+ncfsm_result_t ncfsm_allreduce(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                               ncfsm_dtype_t dt, ncfsm_redop_t op, void *stream, ncfsm_work_cb cb,
+                               void *arg, ncfsm_work **out);
+ncfsm_result_t ncfsm_broadcast(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                               ncfsm_dtype_t dt, int root, void *stream, ncfsm_work_cb cb, void *arg,
+                               ncfsm_work **out);
+ncfsm_result_t ncfsm_reduce(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                            ncfsm_dtype_t dt, ncfsm_redop_t op, int root, void *stream,
+                            ncfsm_work_cb cb, void *arg, ncfsm_work **out);
+/* sendcount elements per rank; recv holds nranks * sendcount. */
+ncfsm_result_t ncfsm_allgather(ncfsm_comm *c, const void *send, void *recv, size_t sendcount,
+                               ncfsm_dtype_t dt, void *stream, ncfsm_work_cb cb, void *arg,
+                               ncfsm_work **out);
+/* recvcount elements per rank; send holds nranks * recvcount. */
+ncfsm_result_t ncfsm_reducescatter(ncfsm_comm *c, const void *send, void *recv, size_t recvcount,
+                                   ncfsm_dtype_t dt, ncfsm_redop_t op, void *stream,
+                                   ncfsm_work_cb cb, void *arg, ncfsm_work **out);
+/* count elements to each rank; send and recv hold nranks * count. */
+ncfsm_result_t ncfsm_alltoall(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                              ncfsm_dtype_t dt, void *stream, ncfsm_work_cb cb, void *arg,
+                              ncfsm_work **out);
+/* count elements per rank; recv (root only) holds nranks * count. */
+ncfsm_result_t ncfsm_gather(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                            ncfsm_dtype_t dt, int root, void *stream, ncfsm_work_cb cb, void *arg,
+                            ncfsm_work **out);
+/* count elements per rank; send (root only) holds nranks * count. */
+ncfsm_result_t ncfsm_scatter(ncfsm_comm *c, const void *send, void *recv, size_t count,
+                             ncfsm_dtype_t dt, int root, void *stream, ncfsm_work_cb cb, void *arg,
+                             ncfsm_work **out);
+ncfsm_result_t ncfsm_send(ncfsm_comm *c, const void *send, size_t count, ncfsm_dtype_t dt, int peer,
+                          void *stream, ncfsm_work_cb cb, void *arg, ncfsm_work **out);
+ncfsm_result_t ncfsm_recv(ncfsm_comm *c, void *recv, size_t count, ncfsm_dtype_t dt, int peer,
+                          void *stream, ncfsm_work_cb cb, void *arg, ncfsm_work **out);
+
+/* ---- works ---------------------------------------------------------------- */
+ncfsm_work_state_t ncfsm_work_state(const ncfsm_work *w);
+/* NCFSM_ERR_AGAIN while not final, else the final status. */
+ncfsm_result_t ncfsm_work_status(const ncfsm_work *w);
+const ncfsm_fingerprint_t *ncfsm_work_fingerprint(const ncfsm_work *w);
+ncfsm_comm *ncfsm_work_comm(const ncfsm_work *w);
+/* Nonzero once the work reached IN_FLIGHT or later: from then on its NCCL
+ * kernels are on the stream, and dependent stream work may be queued (R2). */
+int ncfsm_work_launched(const ncfsm_work *w);
+/* Blocking: run the loop until the work is final or timeout_ms passed
+ * (ERR_TIMEOUT; the work goes on). Returns the work's final status. */
+ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms);
+void ncfsm_work_release(ncfsm_work *w);
+
+/* ---- misc ------------------------------------------------------------------ */
+const char *ncfsm_backend_name(ncfsm_backend_kind_t b);
+/* Log level from NCFSM_DEBUG (ERROR, WARN, INFO, TRACE); default WARN. */
+void ncfsm_set_log_level(int level);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
