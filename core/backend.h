@@ -93,6 +93,10 @@ typedef struct ncfsm__backend {
   int (*event_destroy)(void *ev);
   /* Number of visible devices (0 for none). */
   int (*device_count)(void);
+  /* Device memory (sim/null: NULL here, host memory is used). 0 on success. */
+  int (*mem_alloc)(int device, size_t bytes, void **ptr);
+  int (*mem_free)(int device, void *ptr);
+  int (*memcpy_sync)(int device, void *dst, const void *src, size_t bytes, int to_device);
 } ncfsm__backend;
 
 extern const ncfsm__backend ncfsm__backend_sim;

@@ -778,3 +778,31 @@ ncfsm_result_t ncfsm_sim_get_stats(const ncfsm_comm *c, ncfsm_sim_stats *out) {
   UNLOCK(c->loop);
   return r;
 }
+
+/* ---- buffers --------------------------------------------------------------------------- */
+
+ncfsm_result_t ncfsm_mem_alloc(ncfsm_comm *c, size_t bytes, void **ptr) {
+  if (!comm_ok(c) || !ptr) return NCFSM_ERR_INVALID_ARGUMENT;
+  *ptr = NULL;
+  if (c->be->mem_alloc)
+    return c->be->mem_alloc(c->opts.device, bytes, ptr) == 0 ? NCFSM_OK : NCFSM_ERR_NO_MEMORY;
+  *ptr = calloc(1, bytes ? bytes : 1);
+  return *ptr ? NCFSM_OK : NCFSM_ERR_NO_MEMORY;
+}
+
+ncfsm_result_t ncfsm_mem_free(ncfsm_comm *c, void *ptr) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!ptr) return NCFSM_OK;
+  if (c->be->mem_free) return c->be->mem_free(c->opts.device, ptr) == 0 ? NCFSM_OK : NCFSM_ERR_BACKEND;
+  free(ptr);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_memcpy(ncfsm_comm *c, void *dst, const void *src, size_t bytes, int to_device) {
+  if (!comm_ok(c) || (bytes && (!dst || !src))) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (c->be->memcpy_sync)
+    return c->be->memcpy_sync(c->opts.device, dst, src, bytes, to_device) == 0 ? NCFSM_OK
+                                                                                 : NCFSM_ERR_BACKEND;
+  memcpy(dst, src, bytes);
+  return NCFSM_OK;
+}

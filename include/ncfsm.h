@@ -235,6 +235,13 @@ ncfsm_result_t ncfsm_comm_release(ncfsm_comm *comm);
 ncfsm_result_t ncfsm_stream_create(ncfsm_comm *comm, void **stream);
 ncfsm_result_t ncfsm_stream_destroy(ncfsm_comm *comm, void *stream);
 
+/* Buffers for this comm's backend and device: device memory for nccl, host
+ * memory for the sim. ncfsm_memcpy copies synchronously between host memory
+ * and such a buffer (to_device: 1 host->buffer, 0 buffer->host). */
+ncfsm_result_t ncfsm_mem_alloc(ncfsm_comm *comm, size_t bytes, void **ptr);
+ncfsm_result_t ncfsm_mem_free(ncfsm_comm *comm, void *ptr);
+ncfsm_result_t ncfsm_memcpy(ncfsm_comm *comm, void *dst, const void *src, size_t bytes, int to_device);
+
 /* ---- operations --------------------------------------------------------- */
 /* Completion callback: once, on the loop thread, with the final status
  * (NCFSM_OK, or the cause: ERR_ASYNC, ERR_TIMEOUT, ERR_ABORTED, ERR_GROUP...). */
