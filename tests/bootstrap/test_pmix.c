@@ -1,0 +1,86 @@
+/*
+ * pmix bootstrap.
+ *   test_pmix mpirun     under `mpirun --oversubscribe -np 4`: rank, size,
+ *                        local rank/size and allgather contents
+ *   test_pmix noserver   without a launcher: NCFSM_BOOTSTRAP=pmix fails with
+ *                        NCFSM_ERR_BOOTSTRAP and says how to launch
+ */
+#include "tests/bootstrap/boot_test.h"
+
+static void test_under_mpirun(void **state) {
+  (void)state;
+  assert_non_null(getenv("PMIX_RANK"));
+  unsetenv("NCFSM_BOOTSTRAP");
+  struct event_base *base = bt_base();
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o); /* AUTO: PMIX_RANK is set */
+  o.timeout_ms = 30000;
+  ncfsm_boot *b;
+  ncfsm_result_t r = ncfsm_boot_open(base, &o, &b);
+  if (r != NCFSM_OK) fail_msg("open: %s", ncfsm_boot_open_error());
+  assert_int_equal(NCFSM_BOOT_PMIX, ncfsm_boot_kind(b));
+  int rank = ncfsm_boot_rank(b), size = ncfsm_boot_size(b);
+  assert_int_equal(4, size);
+  assert_int_equal(atoi(getenv("PMIX_RANK")), rank);
+  assert_int_equal(4, ncfsm_boot_local_size(b)); /* one node */
+  assert_int_equal(rank, ncfsm_boot_local_rank(b));
+  for (int k = 0; k < 4; k++) {
+    size_t len = 64 + (size_t)k * 1000;
+    unsigned char *send = malloc(len), *recv = malloc(len * (size_t)size);
+    bt_fill(send, len, rank, k);
+    r = ncfsm_boot_allgather(b, send, recv, len);
+    if (r != NCFSM_OK) fail_msg("allgather %d: %s", k, ncfsm_boot_last_error(b));
+    bt_check(recv, len, size, k);
+    free(send);
+    free(recv);
+  }
+  /* two outstanding at once plus a barrier, completed through the loop */
+  int v1 = rank * 10, v2 = rank * 10 + 1, o1[4], o2[4];
+  ncfsm_boot_req *q[3];
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather_post(b, &v1, o1, sizeof v1, &q[0]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather_post(b, &v2, o2, sizeof v2, &q[1]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_barrier_post(b, &q[2]));
+  bt_wait_all(base, q, 3);
+  for (int i = 0; i < 3; i++) {
+    if (ncfsm_boot_test(q[i]) != NCFSM_OK) fail_msg("req %d: %s", i, ncfsm_boot_last_error(b));
+    ncfsm_boot_req_free(q[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(i * 10, o1[i]);
+    assert_int_equal(i * 10 + 1, o2[i]);
+  }
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b));
+  event_base_free(base);
+}
+
+static void test_no_server(void **state) {
+  (void)state;
+  /* as if run outside any launcher */
+  unsetenv("PMIX_RANK");
+  unsetenv("PMIX_NAMESPACE");
+  unsetenv("PMIX_SERVER_URI41");
+  unsetenv("PMIX_SERVER_URI4");
+  unsetenv("PMIX_SERVER_URI3");
+  unsetenv("PMIX_SERVER_URI21");
+  unsetenv("PMIX_SERVER_URI2");
+  setenv("NCFSM_BOOTSTRAP", "pmix", 1);
+  struct event_base *base = bt_base();
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  assert_int_equal(NCFSM_BOOT_PMIX, o.kind);
+  ncfsm_boot *b = (ncfsm_boot *)1;
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_open(base, &o, &b));
+  assert_null(b);
+  assert_non_null(strstr(ncfsm_boot_open_error(), "no PMIx server reachable"));
+  assert_non_null(strstr(ncfsm_boot_open_error(), "NCFSM_BOOTSTRAP=tcp"));
+  event_base_free(base);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "mpirun")) {
+    const struct CMUnitTest tests[] = {BT_TEST(test_under_mpirun)};
+    return cmocka_run_group_tests_name("bootstrap_pmix_mpirun", tests, NULL, NULL);
+  }
+  const struct CMUnitTest tests[] = {BT_TEST(test_no_server)};
+  return cmocka_run_group_tests_name("bootstrap_pmix_noserver", tests, NULL, NULL);
+}

@@ -1,0 +1,560 @@
+/* tcp bootstrap: the store server and its client, on 127.0.0.1 only. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include "tests/bootstrap/boot_test.h"
+#include "bootstrap/frame.h"
+#include "bootstrap/tcp-internal.h"
+
+#define TOKEN "test-token-0123456789abcdef"
+
+/* ---- a store on its own thread ------------------------------------------- */
+
+typedef struct store_thread {
+  struct event_base *base;
+  ncfsm__store *s;
+  pthread_t th;
+  int port;
+  ncfsm__store_stats st; /* after stop */
+} store_thread;
+
+static void *store_main(void *p) {
+  store_thread *t = p;
+  event_base_loop(t->base, EVLOOP_NO_EXIT_ON_EMPTY);
+  return NULL;
+}
+
+static void store_start(store_thread *t, uint64_t auth_timeout_ms) {
+  memset(t, 0, sizeof *t);
+  t->base = bt_base();
+  ncfsm__store_opts o;
+  ncfsm__store_opts_init(&o);
+  o.listen = "127.0.0.1:0";
+  o.token = TOKEN;
+  if (auth_timeout_ms) o.auth_timeout_ms = auth_timeout_ms;
+  char err[256];
+  assert_int_equal(0, ncfsm__store_open(t->base, &o, &t->s, err, sizeof err));
+  t->port = ncfsm__store_port(t->s);
+  assert_true(t->port > 0);
+  assert_int_equal(0, pthread_create(&t->th, NULL, store_main, t));
+}
+
+static void store_stop(store_thread *t) {
+  event_base_loopexit(t->base, NULL);
+  pthread_join(t->th, NULL);
+  ncfsm__store_stats_get(t->s, &t->st);
+  ncfsm__store_close(t->s);
+  event_base_free(t->base);
+}
+
+static ncfsm_boot *open_tcp(struct event_base *base, int port, int rank, int size, const char *token,
+                            uint64_t timeout_ms) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  o.kind = NCFSM_BOOT_TCP;
+  o.store_addr = addr;
+  o.token = token;
+  o.rank = rank;
+  o.size = size;
+  o.host_store = 0;
+  o.timeout_ms = timeout_ms;
+  ncfsm_boot *b = NULL;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &b));
+  return b;
+}
+
+/* Post round k on every boot in bs, wait, check. */
+static void round_all(struct event_base *base, ncfsm_boot **bs, int n, int size, size_t len, int k) {
+  unsigned char *send = malloc((size_t)n * len + 1), *recv = malloc((size_t)n * size * len + 1);
+  ncfsm_boot_req **req = calloc((size_t)n, sizeof *req);
+  for (int i = 0; i < n; i++) {
+    int r = ncfsm_boot_rank(bs[i]);
+    bt_fill(send + (size_t)i * len, len, r, k);
+    assert_int_equal(NCFSM_OK, ncfsm_boot_allgather_post(bs[i], send + (size_t)i * len,
+                                                         recv + (size_t)i * size * len, len, &req[i]));
+  }
+  bt_wait_all(base, req, n);
+  for (int i = 0; i < n; i++) {
+    if (ncfsm_boot_test(req[i]) != NCFSM_OK) fail_msg("rank %d: %s", i, ncfsm_boot_last_error(bs[i]));
+    bt_check(recv + (size_t)i * size * len, len, size, k);
+    ncfsm_boot_req_free(req[i]);
+  }
+  free(req);
+  free(send);
+  free(recv);
+}
+
+/* ---- many clients --------------------------------------------------------- */
+
+static void test_many_clients_one_thread(void **state) {
+  (void)state;
+  enum { N = 128 };
+  struct event_base *base = bt_base();
+  ncfsm_boot *bs[N];
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  o.kind = NCFSM_BOOT_TCP;
+  o.store_addr = "127.0.0.1:0"; /* rank 0 hosts on a free port */
+  o.token = TOKEN;
+  o.rank = 0;
+  o.size = N;
+  o.host_store = 1;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &bs[0]));
+  int port = ncfsm__boot_tcp_hosted_port(bs[0]);
+  assert_true(port > 0);
+  for (int r = 1; r < N; r++) bs[r] = open_tcp(base, port, r, N, TOKEN, 20000);
+  for (int k = 0; k < 3; k++) round_all(base, bs, N, N, 24 + (size_t)k, k);
+  round_all(base, bs, N, N, 0, 3); /* barrier */
+  for (int r = N - 1; r >= 0; r--) assert_int_equal(NCFSM_OK, ncfsm_boot_close(bs[r]));
+  event_base_free(base);
+}
+
+typedef struct thr_arg {
+  int port, first, count, size, ok;
+} thr_arg;
+
+static void *client_thread(void *p) {
+  thr_arg *a = p;
+  struct event_base *base = event_base_new();
+  ncfsm_boot **bs = calloc((size_t)a->count, sizeof *bs);
+  for (int i = 0; i < a->count; i++) {
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", a->port);
+    ncfsm_boot_opts o;
+    ncfsm_boot_opts_init(&o);
+    o.kind = NCFSM_BOOT_TCP;
+    o.store_addr = addr;
+    o.token = TOKEN;
+    o.rank = a->first + i;
+    o.size = a->size;
+    o.timeout_ms = 20000;
+    if (ncfsm_boot_open(base, &o, &bs[i]) != NCFSM_OK) return NULL;
+  }
+  int good = 1;
+  for (int k = 0; k < 5 && good; k++) {
+    size_t len = 40;
+    unsigned char send[64][40], *recv = malloc((size_t)a->count * a->size * len);
+    ncfsm_boot_req *req[64];
+    for (int i = 0; i < a->count; i++) {
+      bt_fill(send[i], len, a->first + i, k);
+      if (ncfsm_boot_allgather_post(bs[i], send[i], recv + (size_t)i * a->size * len, len, &req[i]))
+        good = 0;
+    }
+    bt_wait_all(base, req, a->count);
+    for (int i = 0; i < a->count; i++) {
+      if (ncfsm_boot_test(req[i]) != NCFSM_OK) good = 0;
+      for (int r = 0; r < a->size && good; r++) {
+        unsigned char want[40];
+        bt_fill(want, len, r, k);
+        if (memcmp(recv + ((size_t)i * a->size + r) * len, want, len)) good = 0;
+      }
+      ncfsm_boot_req_free(req[i]);
+    }
+    free(recv);
+  }
+  for (int i = 0; i < a->count; i++) ncfsm_boot_close(bs[i]);
+  free(bs);
+  event_base_free(base);
+  a->ok = good;
+  return NULL;
+}
+
+static void test_many_clients_threads(void **state) {
+  (void)state;
+  store_thread st;
+  store_start(&st, 0);
+  enum { T = 4, PER = 16 };
+  pthread_t th[T];
+  thr_arg a[T];
+  for (int i = 0; i < T; i++) {
+    a[i] = (thr_arg){st.port, i * PER, PER, T * PER, 0};
+    assert_int_equal(0, pthread_create(&th[i], NULL, client_thread, &a[i]));
+  }
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    assert_true(a[i].ok);
+  }
+  store_stop(&st);
+  assert_int_equal(T * PER, st.st.authenticated);
+  assert_int_equal(0, st.st.closed_bad_frame);
+}
+
+/* ---- authentication --------------------------------------------------------- */
+
+static void test_wrong_token(void **state) {
+  (void)state;
+  store_thread st;
+  store_start(&st, 0);
+  struct event_base *base = bt_base();
+  ncfsm_boot *b = open_tcp(base, st.port, 0, 1, "not-the-token", 5000);
+  int x = 1, y;
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_allgather(b, &x, &y, sizeof x));
+  const char *e = ncfsm_boot_last_error(b);
+  assert_non_null(strstr(e, "rejected"));
+  assert_non_null(strstr(e, "bad token"));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b));
+  /* the right token still works */
+  b = open_tcp(base, st.port, 0, 1, TOKEN, 5000);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather(b, &x, &y, sizeof x));
+  assert_int_equal(1, y);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b));
+  event_base_free(base);
+  store_stop(&st);
+  assert_int_equal(1, st.st.rejected_token);
+}
+
+static void test_missing_token_rejected_at_open(void **state) {
+  (void)state;
+  struct event_base *base = bt_base();
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  o.kind = NCFSM_BOOT_TCP;
+  o.store_addr = "127.0.0.1:1";
+  o.token = NULL;
+  ncfsm_boot *b;
+  assert_int_equal(NCFSM_ERR_INVALID_ARGUMENT, ncfsm_boot_open(base, &o, &b));
+  assert_non_null(strstr(ncfsm_boot_open_error(), "NCFSM_STORE_TOKEN"));
+  /* a store refuses a non-loopback address unless told otherwise */
+  ncfsm__store_opts so;
+  ncfsm__store_opts_init(&so);
+  so.listen = "0.0.0.0:0";
+  so.token = TOKEN;
+  ncfsm__store *s;
+  char err[256];
+  assert_int_equal(-1, ncfsm__store_open(base, &so, &s, err, sizeof err));
+  assert_non_null(strstr(err, "loopback"));
+  event_base_free(base);
+}
+
+/* ---- raw connections ------------------------------------------------------ */
+
+static int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(0, connect(fd, (struct sockaddr *)&sa, sizeof sa));
+  struct timeval tv = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n) {
+  assert_int_equal((ssize_t)n, send(fd, p, n, MSG_NOSIGNAL));
+}
+
+static void raw_frame(int fd, uint8_t type, uint32_t id, const char *key, const void *val, uint32_t vlen) {
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  ncfsm__frame_header(hdr, type, id, (uint32_t)strlen(key), vlen);
+  raw_send(fd, hdr, sizeof hdr);
+  if (*key) raw_send(fd, key, strlen(key));
+  if (vlen) raw_send(fd, val, vlen);
+}
+
+static void read_full(int fd, void *p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = recv(fd, (char *)p + got, n - got, 0);
+    if (r <= 0) fail_msg("short read: %zd (%s)", r, strerror(errno));
+    got += (size_t)r;
+  }
+}
+
+/* Read one reply; returns its type, copies up to cap bytes of value. */
+static uint8_t raw_reply(int fd, uint32_t *id, char *val, size_t cap, uint32_t *vlen) {
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  read_full(fd, hdr, sizeof hdr);
+  assert_int_equal(NCFSM__FRAME_MAGIC, ncfsm__rd32(hdr));
+  *id = ncfsm__rd32(hdr + 8);
+  assert_int_equal(0, ncfsm__rd32(hdr + 12));
+  *vlen = ncfsm__rd32(hdr + 16);
+  assert_true(*vlen < cap);
+  read_full(fd, val, *vlen);
+  val[*vlen] = 0;
+  return hdr[5];
+}
+
+static void raw_hello(int fd, const char *token) {
+  uint8_t v[8] = {0};
+  raw_frame(fd, NCFSM__F_HELLO, 0, token, v, 8);
+  uint32_t id, vlen;
+  char buf[256];
+  assert_int_equal(NCFSM__F_OK, raw_reply(fd, &id, buf, sizeof buf, &vlen));
+}
+
+/* The server must close fd (after at most an ERR frame) within 5 s. */
+static void expect_closed(int fd, const char *why_sub) {
+  char buf[4096];
+  size_t got = 0;
+  for (;;) {
+    ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+    if (r == 0) break;
+    if (r < 0) {
+      if (errno == ECONNRESET) break;
+      fail_msg("server did not close the connection: %s", strerror(errno));
+    }
+    got += (size_t)r;
+    assert_true(got < sizeof buf - 1);
+  }
+  buf[got] = 0;
+  if (why_sub) {
+    assert_true(got >= NCFSM__FRAME_HDR);
+    assert_int_equal(NCFSM__F_ERR, (uint8_t)buf[5]);
+    if (!strstr(buf + NCFSM__FRAME_HDR, why_sub))
+      fail_msg("ERR '%s' does not mention '%s'", buf + NCFSM__FRAME_HDR, why_sub);
+  }
+  close(fd);
+}
+
+static void test_bad_frames_close_only_that_connection(void **state) {
+  (void)state;
+  store_thread st;
+  store_start(&st, 300);
+  struct event_base *base = bt_base();
+  ncfsm_boot *good[2] = {open_tcp(base, st.port, 0, 2, TOKEN, 10000),
+                         open_tcp(base, st.port, 1, 2, TOKEN, 10000)};
+  round_all(base, good, 2, 2, 16, 0);
+  /* rank 0 posts round 1 now and waits through all the abuse below */
+  unsigned char s0[16], r0[32], s1[16], r1[32];
+  bt_fill(s0, 16, 0, 1);
+  bt_fill(s1, 16, 1, 1);
+  ncfsm_boot_req *req[2];
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather_post(good[0], s0, r0, 16, &req[0]));
+  event_base_loop(base, EVLOOP_NONBLOCK);
+
+  int fd;
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  int bad = 0;
+  /* garbage */
+  fd = raw_connect(st.port);
+  raw_send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
+  expect_closed(fd, "magic"), bad++;
+  /* a request before HELLO */
+  fd = raw_connect(st.port);
+  raw_frame(fd, NCFSM__F_GET, 1, "ag/0", NULL, 0);
+  expect_closed(fd, "not HELLO"), bad++;
+  /* oversized value (2 MiB declared), after a valid HELLO */
+  fd = raw_connect(st.port);
+  raw_hello(fd, TOKEN);
+  ncfsm__frame_header(hdr, NCFSM__F_SET, 5, 1, 2u << 20);
+  raw_send(fd, hdr, sizeof hdr);
+  expect_closed(fd, "value longer"), bad++;
+  /* oversized key */
+  fd = raw_connect(st.port);
+  raw_hello(fd, TOKEN);
+  ncfsm__frame_header(hdr, NCFSM__F_GET, 5, 100000, 0);
+  raw_send(fd, hdr, sizeof hdr);
+  expect_closed(fd, "key longer"), bad++;
+  /* unknown type */
+  fd = raw_connect(st.port);
+  raw_hello(fd, TOKEN);
+  ncfsm__frame_header(hdr, 0x7f, 5, 1, 0);
+  raw_send(fd, hdr, sizeof hdr);
+  expect_closed(fd, "unknown frame type"), bad++;
+  /* bad shape: GATHER rank >= size */
+  fd = raw_connect(st.port);
+  raw_hello(fd, TOKEN);
+  {
+    uint8_t v[8];
+    ncfsm__wr32(v, 9);
+    ncfsm__wr32(v + 4, 2);
+    raw_frame(fd, NCFSM__F_GATHER, 5, "ag/1", v, 8);
+  }
+  expect_closed(fd, "rank not below size"), bad++;
+  /* truncated, then the peer closes its side */
+  fd = raw_connect(st.port);
+  raw_hello(fd, TOKEN);
+  ncfsm__frame_header(hdr, NCFSM__F_SET, 5, 3, 100);
+  raw_send(fd, hdr, sizeof hdr);
+  raw_send(fd, "keyvalu", 7);
+  shutdown(fd, SHUT_WR);
+  expect_closed(fd, NULL), bad++;
+  /* silent: no HELLO within the auth timeout (300 ms here) */
+  double t0 = bt_now();
+  fd = raw_connect(st.port);
+  expect_closed(fd, NULL), bad++;
+  assert_true(bt_now() - t0 < 3.0);
+
+  /* a well-behaved raw client: GET parks until another connection SETs */
+  int a = raw_connect(st.port), b = raw_connect(st.port);
+  raw_hello(a, TOKEN);
+  raw_hello(b, TOKEN);
+  raw_frame(a, NCFSM__F_GET, 41, "cfg/x", NULL, 0);
+  raw_frame(a, NCFSM__F_WAIT, 42, "cfg/x", NULL, 0);
+  usleep(50000);
+  raw_frame(b, NCFSM__F_SET, 7, "cfg/x", "v1", 2);
+  uint32_t id, vlen;
+  char val[64];
+  assert_int_equal(NCFSM__F_OK, raw_reply(b, &id, val, sizeof val, &vlen));
+  assert_int_equal(7, id);
+  int seen = 0;
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(NCFSM__F_OK, raw_reply(a, &id, val, sizeof val, &vlen));
+    if (id == 41) {
+      assert_string_equal("v1", val);
+      seen |= 1;
+    } else {
+      assert_int_equal(42, id);
+      assert_int_equal(0, vlen);
+      seen |= 2;
+    }
+  }
+  assert_int_equal(3, seen);
+  uint8_t d[8];
+  ncfsm__wr64(d, 5);
+  raw_frame(b, NCFSM__F_ADD, 8, "ctr", d, 8);
+  assert_int_equal(NCFSM__F_OK, raw_reply(b, &id, val, sizeof val, &vlen));
+  assert_int_equal(5, (int)ncfsm__rd64((uint8_t *)val));
+  raw_frame(a, NCFSM__F_ADD, 9, "ctr", d, 8);
+  assert_int_equal(NCFSM__F_OK, raw_reply(a, &id, val, sizeof val, &vlen));
+  assert_int_equal(10, (int)ncfsm__rd64((uint8_t *)val));
+  /* a GET parked by a connection that then goes away is dropped cleanly */
+  raw_frame(a, NCFSM__F_GET, 43, "never", NULL, 0);
+  close(a);
+  close(b);
+
+  /* the good ranks were never disturbed */
+  assert_int_equal(NCFSM_ERR_AGAIN, ncfsm_boot_test(req[0]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather_post(good[1], s1, r1, 16, &req[1]));
+  bt_wait_all(base, req, 2);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_test(req[0]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_test(req[1]));
+  bt_check(r0, 16, 2, 1);
+  bt_check(r1, 16, 2, 1);
+  ncfsm_boot_req_free(req[0]);
+  ncfsm_boot_req_free(req[1]);
+  ncfsm_boot_close(good[0]);
+  ncfsm_boot_close(good[1]);
+  event_base_free(base);
+  store_stop(&st);
+  assert_int_equal(bad, (int)st.st.closed_bad_frame);
+}
+
+/* ---- failures --------------------------------------------------------------- */
+
+static void kill_cb(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  kill(*(pid_t *)arg, SIGKILL);
+}
+
+static void test_server_killed_mid_wait(void **state) {
+  (void)state;
+  int pfd[2];
+  assert_int_equal(0, pipe(pfd));
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(pfd[0]);
+    struct event_base *cb = event_base_new();
+    ncfsm__store_opts o;
+    ncfsm__store_opts_init(&o);
+    o.listen = "127.0.0.1:0";
+    o.token = TOKEN;
+    ncfsm__store *s;
+    char err[256];
+    if (ncfsm__store_open(cb, &o, &s, err, sizeof err) != 0) _exit(1);
+    int port = ncfsm__store_port(s);
+    if (write(pfd[1], &port, sizeof port) != sizeof port) _exit(1);
+    event_base_loop(cb, EVLOOP_NO_EXIT_ON_EMPTY);
+    _exit(0);
+  }
+  close(pfd[1]);
+  int port = 0;
+  assert_int_equal(sizeof port, read(pfd[0], &port, sizeof port));
+  close(pfd[0]);
+  struct event_base *base = bt_base();
+  /* rank 0 of 2: rank 1 never comes, so the allgather waits on the store */
+  ncfsm_boot *b = open_tcp(base, port, 0, 2, TOKEN, 5000);
+  struct event *k = evtimer_new(base, kill_cb, &pid);
+  struct timeval tv = {0, 300000};
+  evtimer_add(k, &tv);
+  int x = 3, y[2];
+  double t0 = bt_now();
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_allgather(b, &x, y, sizeof x));
+  double dt = bt_now() - t0;
+  assert_true(dt < 5.0); /* the EOF, not the timeout */
+  assert_non_null(strstr(ncfsm_boot_last_error(b), "closed the connection"));
+  /* later posts fail at once with the same error */
+  ncfsm_boot_req *r;
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_barrier_post(b, &r));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b));
+  event_free(k);
+  event_base_free(base);
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFSIGNALED(status));
+}
+
+static void test_unreachable_store_times_out(void **state) {
+  (void)state;
+  /* a port nobody listens on: bind one and close it */
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(0, bind(fd, (struct sockaddr *)&sa, sizeof sa));
+  socklen_t sl = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  int port = ntohs(sa.sin_port);
+  close(fd);
+  struct event_base *base = bt_base();
+  ncfsm_boot *b = open_tcp(base, port, 0, 2, TOKEN, 400);
+  int x = 1, y[2];
+  double t0 = bt_now();
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_allgather(b, &x, y, sizeof x));
+  double dt = bt_now() - t0;
+  assert_true(dt >= 0.3 && dt < 3.0);
+  const char *e = ncfsm_boot_last_error(b);
+  assert_non_null(strstr(e, "unreachable"));
+  assert_non_null(strstr(e, "127.0.0.1:"));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b));
+  event_base_free(base);
+}
+
+static void test_env_selects_tcp(void **state) {
+  (void)state;
+  unsetenv("PMIX_RANK");
+  unsetenv("NCFSM_BOOTSTRAP");
+  setenv("NCFSM_STORE_ADDR", "127.0.0.1:0", 1);
+  setenv("NCFSM_STORE_TOKEN", TOKEN, 1);
+  setenv("NCFSM_RANK", "0", 1);
+  setenv("NCFSM_WORLD_SIZE", "1", 1);
+  setenv("NCFSM_STORE_HOST", "1", 1);
+  struct event_base *base = bt_base();
+  ncfsm_boot *b;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, NULL, &b));
+  assert_int_equal(NCFSM_BOOT_TCP, ncfsm_boot_kind(b));
+  assert_true(ncfsm__boot_tcp_hosted_port(b) > 0);
+  char s[8] = "abcdefg", r[8];
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather(b, s, r, sizeof s));
+  assert_string_equal("abcdefg", r);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b));
+  event_base_free(base);
+  unsetenv("NCFSM_STORE_ADDR");
+  unsetenv("NCFSM_STORE_HOST");
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      BT_TEST(test_server_killed_mid_wait), /* first: fork before any thread exists */
+      BT_TEST(test_many_clients_one_thread),
+      BT_TEST(test_many_clients_threads),
+      BT_TEST(test_wrong_token),
+      BT_TEST(test_missing_token_rejected_at_open),
+      BT_TEST(test_bad_frames_close_only_that_connection),
+      BT_TEST(test_unreachable_store_times_out),
+      BT_TEST(test_env_selects_tcp),
+  };
+  return cmocka_run_group_tests_name("bootstrap_tcp_store", tests, NULL, NULL);
+}

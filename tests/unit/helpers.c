@@ -1,0 +1,66 @@
+#include "helpers.h"
+
+#include <string.h>
+
+#include "fsm/internal.h"
+
+void trace_record(const ncfsm_trace_rec *r, void *arg) {
+  trace_log *t = arg;
+  if (t->n >= (int)(sizeof t->rec / sizeof t->rec[0])) return;
+  t->rec[t->n].obj = r->object;
+  t->rec[t->n].rank = r->rank;
+  t->rec[t->n].kind = r->kind;
+  t->rec[t->n].state = r->state;
+  t->rec[t->n].event = r->event;
+  t->rec[t->n].next = r->next;
+  t->rec[t->n].result = r->result;
+  t->n++;
+}
+
+void test_sim_opts(ncfsm_sim_opts *so) {
+  ncfsm_sim_opts_init(so);
+  so->init_polls = 1;
+  so->launch_polls = 1;
+  so->finalize_polls = 1;
+  so->revoke_polls = 1;
+}
+
+void test_comm_opts(ncfsm_comm_opts *o, ncfsm_sim_opts *so) {
+  ncfsm_comm_opts_init(o);
+  o->backend = NCFSM_BACKEND_SIM;
+  o->sim = so;
+  o->name = "test";
+}
+
+void make_comms(ncfsm_loop *loop, int n, ncfsm_comm_opts *o, ncfsm_comm **c, int only_rank0) {
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
+  for (int r = 0; r < n; r++) {
+    assert_int_equal(ncfsm_comm_new(loop, o, &c[r]), NCFSM_OK);
+    if (!only_rank0 || r == 0) assert_int_equal(ncfsm_comm_init(c[r], n, r, &id), NCFSM_OK);
+  }
+}
+
+void run_turns(ncfsm_loop *loop, int n) {
+  for (int i = 0; i < n; i++) assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT), NCFSM_OK);
+}
+
+void run_until_state(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_state_t s) {
+  for (int i = 0; i < 10000 && ncfsm_comm_state(c) != s; i++) run_turns(loop, 1);
+  if (ncfsm_comm_state(c) != s)
+    fail_msg("comm stuck in %s waiting for %s: %s", ncfsm_state_name(ncfsm_comm_state(c)),
+             ncfsm_state_name(s), ncfsm_comm_last_error(c));
+}
+
+void teardown_all(ncfsm_loop *loop, ncfsm_comm **c, int n) {
+  for (int r = 0; r < n; r++) {
+    if (!c[r]) continue;
+    if (ncfsm_comm_state(c[r]) != NCFSM_STATE_CLOSED && ncfsm_comm_state(c[r]) != NCFSM_STATE_NEW)
+      assert_int_equal(ncfsm_comm_abort(c[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_comm_release(c[r]), NCFSM_OK);
+  }
+  run_turns(loop, 2);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+}
+
+uint64_t backend_calls(ncfsm_comm *c) { return ncfsm__comm_backend_calls(c); }

@@ -1,0 +1,35 @@
+/* Shared fixtures for the sim-backed unit tests. */
+#ifndef NCFSM_TEST_HELPERS_H
+#define NCFSM_TEST_HELPERS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ncfsm.h"
+#include "ncfsm/sim.h"
+
+#define NEVER (1 << 30) /* sim polls that never finish */
+
+/* A recorded trace of comm transitions. */
+typedef struct trace_log {
+  int n;
+  struct { const void *obj; int rank; int kind; int state, event, next; ncfsm_result_t result; } rec[4096];
+} trace_log;
+void trace_record(const ncfsm_trace_rec *r, void *arg);
+
+void test_sim_opts(ncfsm_sim_opts *so);
+void test_comm_opts(ncfsm_comm_opts *o, ncfsm_sim_opts *so);
+/* nranks comms of one clique on loop; every rank is initialised unless only_rank0. */
+void make_comms(ncfsm_loop *loop, int n, ncfsm_comm_opts *o, ncfsm_comm **c, int only_rank0);
+void run_turns(ncfsm_loop *loop, int n);
+/* Run until comm is in state s (fails the test after many turns). */
+void run_until_state(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_state_t s);
+/* Abort (when not closed) and release every comm, then close the loop. */
+void teardown_all(ncfsm_loop *loop, ncfsm_comm **c, int n);
+/* Count of backend calls for a comm (engine-side counter). */
+uint64_t backend_calls(ncfsm_comm *c);
+
+#endif

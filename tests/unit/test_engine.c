@@ -1,0 +1,412 @@
+/* Engine behaviour on the sim: lifecycle traces, groups (R3), errors (R10),
+ * overlaps (R12), loop close, callbacks exactly once. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "helpers.h"
+
+static int cb_count[64];
+static ncfsm_result_t cb_status[64];
+static void count_cb(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  int i = (int)(intptr_t)arg;
+  cb_count[i]++;
+  cb_status[i] = st;
+}
+static void reset_cbs(void) {
+  memset(cb_count, 0, sizeof cb_count);
+  memset(cb_status, 0xff, sizeof cb_status);
+}
+
+/* Comm transitions of one comm, as a string "NEW>INIT_IN_PROGRESS>...". */
+static void comm_path(const trace_log *t, const void *comm, char *out, size_t len) {
+  out[0] = '\0';
+  int first = 1;
+  for (int i = 0; i < t->n; i++) {
+    if (t->rec[i].kind != NCFSM_OBJ_COMM || t->rec[i].obj != comm) continue;
+    if (first) {
+      strncat(out, ncfsm_state_name(t->rec[i].state), len - strlen(out) - 1);
+      first = 0;
+    }
+    strncat(out, ">", len - strlen(out) - 1);
+    strncat(out, ncfsm_state_name(t->rec[i].next), len - strlen(out) - 1);
+  }
+}
+
+static void test_lifecycle_trace(void **state) {
+  (void)state;
+  static trace_log t;
+  t.n = 0;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_loop_set_trace(loop, trace_record, &t);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[2];
+  make_comms(loop, 2, &o, c, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_wait_state(c[r], NCFSM_STATE_READY, 5000), NCFSM_OK);
+  int32_t buf[2][8];
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 8; i++) buf[r][i] = r + 1;
+  reset_cbs();
+  ncfsm_work *w[2];
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 8, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb,
+                                     (void *)(intptr_t)r, &w[r]),
+                     NCFSM_OK);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_GROUP_OPEN);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(ncfsm_work_wait(w[r], 5000), NCFSM_OK);
+    assert_int_equal(ncfsm_work_state(w[r]), NCFSM_WORK_COMPLETED);
+    ncfsm_work_release(w[r]);
+  }
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(cb_count[r], 1);
+    for (int i = 0; i < 8; i++) assert_int_equal(buf[r][i], 3);
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_finalize(c[r]), NCFSM_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_wait_state(c[r], NCFSM_STATE_FINALIZED, 5000), NCFSM_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_destroy(c[r]), NCFSM_OK);
+  char path[1024];
+  comm_path(&t, c[0], path, sizeof path);
+  assert_string_equal(path, "NEW>INIT_IN_PROGRESS>READY>GROUP_OPEN>READY>LAUNCH_IN_PROGRESS>READY>"
+                            "FINALIZING>FINALIZED>CLOSED");
+  /* Work lifecycle: QUEUED > LAUNCHING > IN_FLIGHT > COMPLETED. */
+  char wp[256] = "";
+  for (int i = 0; i < t.n; i++)
+    if (t.rec[i].kind == NCFSM_OBJ_WORK && t.rec[i].rank == 0) {
+      strcat(wp, ncfsm_work_state_name(t.rec[i].next));
+      strcat(wp, ">");
+    }
+  assert_string_equal(wp, "QUEUED>LAUNCHING>IN_FLIGHT>COMPLETED>");
+  teardown_all(loop, c, 2);
+}
+
+/* R3: nested groups; only the outermost end reaches the backend. */
+static void test_nested_groups(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[2];
+  make_comms(loop, 2, &o, c, 0);
+  for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  int32_t a[2][4], b[2][4], d[2][4];
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 4; i++) a[r][i] = b[r][i] = d[r][i] = 1;
+  uint64_t before = backend_calls(c[0]);
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ncfsm_allreduce(c[r], a[r], a[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  assert_int_equal(ncfsm_group_depth(loop), 2);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ncfsm_allreduce(c[r], b[r], b[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK); /* inner: launches nothing */
+  run_turns(loop, 5);
+  assert_int_equal(backend_calls(c[0]), before);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_GROUP_OPEN);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ncfsm_allreduce(c[r], d[r], d[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK); /* outermost: launches A, B, C */
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_int_equal(backend_calls(c[0]), before + 3);
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 4; i++) {
+      assert_int_equal(a[r][i], 2);
+      assert_int_equal(b[r][i], 2);
+      assert_int_equal(d[r][i], 2);
+    }
+  teardown_all(loop, c, 2);
+}
+
+/* R3: an argument error inside a group fails the call AND the outer end; the
+ * end is still required; the group's other works fail with ERR_GROUP; the
+ * comm stays usable (unlike a nonblocking NCCL comm, which is poisoned). */
+static void test_group_arg_error(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[2];
+  make_comms(loop, 2, &o, c, 0);
+  for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  int32_t buf[2][4] = {{1, 1, 1, 1}, {2, 2, 2, 2}};
+  reset_cbs();
+  uint64_t before = backend_calls(c[0]);
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)0, NULL), NCFSM_OK);
+  /* Broadcast root == nranks: the seed's invalid-root variant. */
+  assert_int_equal(ncfsm_broadcast(c[1], buf[1], buf[1], 4, NCFSM_INT32, 2, NULL, count_cb, (void *)1, NULL),
+                   NCFSM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[1]), "root"));
+  assert_int_equal(ncfsm_group_depth(loop), 1); /* the group stays open */
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ncfsm_loop_last_error(loop), "R3"));
+  assert_int_equal(ncfsm_group_depth(loop), 0);
+  run_turns(loop, 3);
+  assert_int_equal(cb_count[0], 1); /* the valid op of the failed group */
+  assert_int_equal(cb_status[0], NCFSM_ERR_GROUP);
+  assert_int_equal(cb_count[1], 0); /* the rejected call never gets a callback */
+  assert_int_equal(backend_calls(c[0]), before);
+  /* valid-op-after-group-error: the comms are still usable. */
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_state(c[r]), NCFSM_STATE_READY);
+  ncfsm_work *w[2];
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[r]), NCFSM_OK);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(ncfsm_work_wait(w[r], 5000), NCFSM_OK);
+    ncfsm_work_release(w[r]);
+    for (int i = 0; i < 4; i++) assert_int_equal(buf[r][i], 3);
+  }
+  ncfsm_sim_stats st;
+  assert_int_equal(ncfsm_sim_get_stats(c[0], &st), NCFSM_OK);
+  assert_int_equal(st.async_state, 0); /* never poisoned */
+  assert_int_equal(st.rejected, 0);
+  teardown_all(loop, c, 2);
+}
+
+static void test_group_end_without_start(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_ERR_INVALID_USAGE);
+  assert_non_null(strstr(ncfsm_loop_last_error(loop), "not in a group"));
+  assert_int_equal(ncfsm_group_depth(loop), 0);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+}
+
+static ncfsm_loop *thread_loop;
+static ncfsm_result_t thread_rc[2];
+static void *other_thread(void *arg) {
+  (void)arg;
+  thread_rc[0] = ncfsm_group_end(thread_loop);
+  thread_rc[1] = ncfsm_group_start(thread_loop);
+  return NULL;
+}
+
+/* R3: a group opened on thread A cannot be closed (or nested) on thread B. */
+static void test_group_end_other_thread(void **state) {
+  (void)state;
+  assert_int_equal(ncfsm_loop_new(NULL, &thread_loop), NCFSM_OK);
+  assert_int_equal(ncfsm_group_start(thread_loop), NCFSM_OK);
+  pthread_t th;
+  pthread_create(&th, NULL, other_thread, NULL);
+  pthread_join(th, NULL);
+  assert_int_equal(thread_rc[0], NCFSM_ERR_WRONG_THREAD);
+  assert_int_equal(thread_rc[1], NCFSM_ERR_WRONG_THREAD);
+  assert_int_equal(ncfsm_group_depth(thread_loop), 1);
+  assert_int_equal(ncfsm_group_end(thread_loop), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_close(thread_loop), NCFSM_OK);
+}
+
+/* R10: async error -> ERROR -> abort -> CLOSED; every pending work's
+ * callback fires once with the cause. */
+static void test_async_error_abort(void **state) {
+  (void)state;
+  static trace_log t;
+  t.n = 0;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_loop_set_trace(loop, trace_record, &t);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  so.async_error_at_op = 2;
+  test_comm_opts(&o, &so);
+  o.on_error = NCFSM_ON_ERROR_ABORT;
+  ncfsm_comm *c[1];
+  make_comms(loop, 1, &o, c, 0);
+  run_until_state(loop, c[0], NCFSM_STATE_READY);
+  static int32_t bufs[6][4];
+  reset_cbs();
+  for (int k = 0; k < 6; k++)
+    assert_int_equal(ncfsm_allreduce(c[0], bufs[k], bufs[k], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb,
+                                     (void *)(intptr_t)k, NULL),
+                     NCFSM_OK);
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_CLOSED);
+  int failed = 0;
+  for (int k = 0; k < 6; k++) {
+    assert_int_equal(cb_count[k], 1);
+    if (cb_status[k] != NCFSM_OK) {
+      assert_true(cb_status[k] == NCFSM_ERR_ASYNC || cb_status[k] == NCFSM_ERR_BACKEND);
+      failed++;
+    }
+  }
+  assert_true(failed >= 4); /* ops 2..5 never complete */
+  char path[512];
+  comm_path(&t, c[0], path, sizeof path);
+  assert_non_null(strstr(path, ">ERROR>CLOSED"));
+  assert_int_equal(ncfsm_comm_backend_error(c[0]), 6); /* ncclRemoteError */
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "R10"));
+  teardown_all(loop, c, 1);
+}
+
+/* Watchdog: a rank that never arrives -> TIMEOUT -> ERROR, works TIMED_OUT. */
+static void test_watchdog_timeout(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so, so1;
+  ncfsm_comm_opts o, o1;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.timeout_ms = 50;
+  o.on_error = NCFSM_ON_ERROR_STAY;
+  so1 = so;
+  so1.never_arrive = 1;
+  o1 = o;
+  o1.sim = &so1;
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
+  ncfsm_comm *c[2];
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_new(loop, &o1, &c[1]), NCFSM_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_init(c[r], 2, r, &id), NCFSM_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_wait_state(c[r], NCFSM_STATE_READY, 5000), NCFSM_OK);
+  int32_t buf[4] = {0};
+  ncfsm_work *w;
+  assert_int_equal(ncfsm_allreduce(c[0], buf, buf, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+  assert_int_equal(ncfsm_work_wait(w, 10000), NCFSM_ERR_TIMEOUT);
+  assert_int_equal(ncfsm_work_state(w), NCFSM_WORK_TIMED_OUT);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_ERROR);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "watchdog"));
+  ncfsm_work_release(w);
+  teardown_all(loop, c, 2);
+}
+
+/* R12: overlapping writes in one group are rejected at its end (or warned). */
+static void test_overlap(void **state) {
+  (void)state;
+  for (int policy = 0; policy < 2; policy++) {
+    ncfsm_loop_opts lo;
+    ncfsm_loop_opts_init(&lo);
+    lo.overlap = policy == 0 ? NCFSM_OVERLAP_REJECT : NCFSM_OVERLAP_WARN;
+    ncfsm_loop *loop;
+    assert_int_equal(ncfsm_loop_new(&lo, &loop), NCFSM_OK);
+    ncfsm_sim_opts so;
+    ncfsm_comm_opts o;
+    test_sim_opts(&so);
+    test_comm_opts(&o, &so);
+    ncfsm_comm *c[2];
+    make_comms(loop, 2, &o, c, 0);
+    for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+    int32_t buf[2][4] = {{1, 1, 1, 1}, {1, 1, 1, 1}};
+    assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+    for (int k = 0; k < 3; k++)
+      for (int r = 0; r < 2; r++)
+        assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+    ncfsm_result_t rc = ncfsm_group_end(loop);
+    assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+    if (policy == 0) {
+      assert_int_equal(rc, NCFSM_ERR_OVERLAP);
+      assert_non_null(strstr(ncfsm_loop_last_error(loop), "R12"));
+      for (int r = 0; r < 2; r++) assert_int_equal(buf[r][0], 1); /* nothing ran */
+    } else {
+      /* Launched as NCCL would: the sim runs the group's ops concurrently
+       * (R12) and the result is NOT 8 (three sequential sums). */
+      assert_int_equal(rc, NCFSM_OK);
+      assert_int_not_equal(buf[0][0], 8);
+    }
+    /* The same three as separate launches are ordered: 1 -> 2 -> 4 -> 8. */
+    for (int r = 0; r < 2; r++)
+      for (int i = 0; i < 4; i++) buf[r][i] = 1;
+    for (int k = 0; k < 3; k++)
+      for (int r = 0; r < 2; r++)
+        assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+    assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+    for (int r = 0; r < 2; r++) assert_int_equal(buf[r][0], 8);
+    teardown_all(loop, c, 2);
+  }
+}
+
+/* libuv rule: the loop refuses to close while handles are open. */
+static void test_loop_close_busy(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[1];
+  make_comms(loop, 1, &o, c, 0);
+  run_until_state(loop, c[0], NCFSM_STATE_READY);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_ERR_BUSY);
+  assert_non_null(strstr(ncfsm_loop_last_error(loop), "not released"));
+  assert_int_equal(ncfsm_comm_release(c[0]), NCFSM_ERR_ILLEGAL_STATE); /* READY: destroy first */
+  teardown_all(loop, c, 1);
+}
+
+/* Bad arguments are rejected before the backend, naming the argument. */
+static void test_bad_arguments(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[2];
+  make_comms(loop, 2, &o, c, 0);
+  for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  ncfsm_comm_opts o2 = o;
+  o2.device = 7;
+  ncfsm_comm *other;
+  assert_int_equal(ncfsm_comm_new(loop, &o2, &other), NCFSM_OK);
+  void *foreign_stream;
+  assert_int_equal(ncfsm_stream_create(other, &foreign_stream), NCFSM_OK);
+  int32_t b[4];
+  uint64_t before = backend_calls(c[0]);
+  struct { ncfsm_result_t rc; const char *word; } cases[] = {
+      {ncfsm_allreduce(c[0], NULL, b, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), "sendbuff"},
+      {ncfsm_allreduce(c[0], b, NULL, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), "recvbuff"},
+      {ncfsm_allreduce(c[0], b, b, 4, (ncfsm_dtype_t)42, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), "datatype"},
+      {ncfsm_allreduce(c[0], b, b, 4, NCFSM_INT32, (ncfsm_redop_t)9, NULL, NULL, NULL, NULL), "op"},
+      {ncfsm_broadcast(c[0], b, b, 4, NCFSM_INT32, -1, NULL, NULL, NULL, NULL), "root"},
+      {ncfsm_send(c[0], b, 4, NCFSM_INT32, 2, NULL, NULL, NULL, NULL), "peer"},
+      {ncfsm_allgather(c[0], b, b, SIZE_MAX / 4, NCFSM_INT32, NULL, NULL, NULL, NULL), "count"},
+      {ncfsm_allreduce(c[0], b, b, 4, NCFSM_INT32, NCFSM_OP_SUM, foreign_stream, NULL, NULL, NULL), "stream"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    assert_int_equal(cases[i].rc, NCFSM_ERR_INVALID_ARGUMENT);
+  }
+  /* The last error names the last argument checked. */
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "stream"));
+  run_turns(loop, 3);
+  assert_int_equal(backend_calls(c[0]), before);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_READY);
+  /* Each message names its argument. */
+  ncfsm_allreduce(c[0], b, b, 4, (ncfsm_dtype_t)42, NCFSM_OP_SUM, NULL, NULL, NULL, NULL);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "datatype"));
+  ncfsm_send(c[0], b, 4, NCFSM_INT32, 2, NULL, NULL, NULL, NULL);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "peer"));
+  assert_int_equal(ncfsm_stream_destroy(other, foreign_stream), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_release(other), NCFSM_OK);
+  teardown_all(loop, c, 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_lifecycle_trace),     cmocka_unit_test(test_nested_groups),
+      cmocka_unit_test(test_group_arg_error),     cmocka_unit_test(test_group_end_without_start),
+      cmocka_unit_test(test_group_end_other_thread), cmocka_unit_test(test_async_error_abort),
+      cmocka_unit_test(test_watchdog_timeout),    cmocka_unit_test(test_overlap),
+      cmocka_unit_test(test_loop_close_busy),     cmocka_unit_test(test_bad_arguments),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
