@@ -79,7 +79,7 @@ extern const ncfsm__boot_ops ncfsm__boot_pmix_ops;
 
 /* Write the handle's last error (and log it at WARN). */
 void ncfsm__boot_seterr(ncfsm_boot *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap);
+void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 /* Finish req with status st (loop thread). An error also records msg (if
  * not NULL) as the handle's last error. Wakes the base; the request's done
  * callback runs from the wake event. Idempotent: a finished request stays
@@ -88,8 +88,5 @@ void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st);
 /* Mark the channel failed (sticky) with st and the message, and return st. */
 ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-
-/* tcp, for tests and tools: the port of the store this rank hosts, or -1. */
-int ncfsm__boot_tcp_hosted_port(const ncfsm_boot *b);
 
 #endif

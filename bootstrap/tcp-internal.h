@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ncfsm/bootstrap.h"
+
 struct event_base;
 struct sockaddr;
 typedef struct ncfsm__store ncfsm__store;
@@ -37,5 +39,8 @@ int ncfsm__parse_addr(const char *addr, struct sockaddr *sa, int *salen, char *e
 int ncfsm__addr_is_loopback(const struct sockaddr *sa);
 /* Constant-time comparison over max(alen, blen) bytes: 1 when equal. */
 int ncfsm__ct_equal(const void *a, size_t alen, const void *b, size_t blen);
+
+/* tcp bootstrap, for tests and tools: the port of the store this rank hosts, or -1. */
+int ncfsm__boot_tcp_hosted_port(const ncfsm_boot *b);
 
 #endif

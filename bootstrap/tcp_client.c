@@ -6,6 +6,7 @@
  * collective costs each rank one request and one reply.
  */
 #include <errno.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -215,6 +216,13 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   if (strlen(o->token) > NCFSM__FRAME_KEY_MAX) {
     ncfsm__boot_seterr(b, "NCFSM_STORE_TOKEN longer than %u bytes", NCFSM__FRAME_KEY_MAX);
     return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  /* A write to a store that went away must be an error, not a SIGPIPE that
+   * kills the rank (libevent writes with writev). */
+  struct sigaction sa;
+  if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+    NCFSM_INFO(SUB, "tcp bootstrap: SIGPIPE set to SIG_IGN");
   }
   tcp_impl *t = calloc(1, sizeof *t);
   if (!t) return NCFSM_ERR_NO_MEMORY;

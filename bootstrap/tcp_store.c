@@ -480,9 +480,13 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
       s->st.closed_bad_frame++;
       return conn_fail(c, 0, why ? why : "unparsable frame");
     }
+    int was_authed = c->authed;
     why = handle(c, &f);
     evbuffer_drain(in, used);
-    if (why) return conn_fail(c, f.id, why);
+    if (why) {
+      if (was_authed || f.type != NCFSM__F_HELLO) s->st.closed_bad_frame++; /* else: bad token */
+      return conn_fail(c, f.id, why);
+    }
   }
 }
 

@@ -35,6 +35,10 @@ static int n_efree(void *e) { free(e); return 0; }
 static int n_devs(void) { return 0; }
 
 const ncfsm__backend ncfsm__backend_null = {
-    "null", NCFSM_BACKEND_SIM, n_open, n_version, n_features, n_uid, n_init, n_async, n_void, n_void,
-    n_op, n_free, n_free, n_free, n_revoke, n_last, n_screate, n_sfree, n_sdev, n_ecreate, n_erecord,
-    n_equery, n_elapsed, n_efree, n_devs};
+    .name = "null", .kind = NCFSM_BACKEND_SIM, .open = n_open, .version = n_version,
+    .features = n_features, .get_unique_id = n_uid, .comm_init = n_init, .get_async_error = n_async,
+    .group_start = n_void, .group_end = n_void, .op = n_op, .finalize = n_free, .destroy = n_free,
+    .abort = n_free, .revoke = n_revoke, .last_error = n_last, .stream_create = n_screate,
+    .stream_destroy = n_sfree, .stream_device = n_sdev, .event_create = n_ecreate,
+    .event_record = n_erecord, .event_query = n_equery, .event_elapsed_ms = n_elapsed,
+    .event_destroy = n_efree, .device_count = n_devs};

@@ -24,14 +24,30 @@ static void loop_error(ncfsm_loop *loop, const char *fmt, ...) {
   NCFSM_INFO(NCFSM__SUB_FSM, "%s", loop->last_error);
 }
 
+static bool in_own_group(const ncfsm_loop *loop) {
+  return loop->group_depth > 0 && pthread_equal(loop->group_owner, pthread_self());
+}
+
+/* R3: inside a group, a failed call is returned again by the outermost end
+ * (the first such error), as NCCL's ncclGroupErrCheck does. */
+static void group_note_error(ncfsm_comm *c, ncfsm_result_t r) {
+  ncfsm_loop *loop = c->loop;
+  if (in_own_group(loop) && loop->group_err == NCFSM_OK) {
+    loop->group_err = r;
+    snprintf(loop->last_error, sizeof loop->last_error, "%s", c->last_error);
+  }
+}
+
 /* Check the legality table; on REJECT set the comm's last error naming the
  * state, the call, the rule and what to do. */
 static ncfsm_decision_t check_legal(ncfsm_comm *c, ncfsm_call_t call) {
   const char *rule, *hint;
   ncfsm_decision_t d = ncfsm_legality(c->state, call, &rule, &hint);
-  if (d == NCFSM_REJECT)
+  if (d == NCFSM_REJECT) {
     ncfsm__set_error(c, "%s: illegal in state %s (%s): %s", ncfsm__call_fn(call),
                      ncfsm_state_name(c->state), rule, hint);
+    group_note_error(c, NCFSM_ERR_ILLEGAL_STATE);
+  }
   return d;
 }
 
@@ -309,6 +325,7 @@ static ncfsm_result_t do_destroy(ncfsm_comm *c) {
                      c->npending + (c->launching != NULL), ncfsm_state_name(c->state));
     return NCFSM_ERR_ILLEGAL_STATE;
   }
+  c->be_calls++;
   int rc = c->be->destroy(c->bcomm);
   if (rc != NCFSM__NCCL_SUCCESS) {
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommDestroy");
@@ -338,6 +355,7 @@ static ncfsm_result_t do_revoke(ncfsm_comm *c) {
                         "use ncfsm_comm_abort", ncfsm_state_name(c->state));
     return NCFSM_ERR_ILLEGAL_STATE;
   }
+  c->be_calls++;
   int rc = c->be->revoke(c->bcomm, 0);
   if (NCFSM__IS_ERR(rc)) {
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommRevoke");
@@ -579,7 +597,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
   ncfsm_loop *loop = c->loop;
   LOCK(loop);
-  bool in_group = loop->group_depth > 0 && pthread_equal(loop->group_owner, pthread_self());
+  bool in_group = in_own_group(loop);
   ncfsm_result_t r = NCFSM_OK;
   ncfsm_decision_t d = check_legal(c, call);
   if (d == NCFSM_REJECT) {
@@ -595,10 +613,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   ncfsm_work *w = NULL;
   if (r == NCFSM_OK && !(w = work_alloc(loop))) r = NCFSM_ERR_NO_MEMORY;
   if (r != NCFSM_OK) {
-    if (in_group && loop->group_err == NCFSM_OK) { /* R3: the outermost end reports it again */
-      loop->group_err = r;
-      snprintf(loop->last_error, sizeof loop->last_error, "%s", c->last_error);
-    }
+    group_note_error(c, r);
     UNLOCK(loop);
     return r;
   }
@@ -623,7 +638,8 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
       .redop = op_reduces(o->kind) ? (int32_t)o->redop : -1,
       .peer = p2p ? o->peer : -1,
   };
-  c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash); /* rolling hash (R11) */
+  if (!p2p) /* rolling hash of the collective sequence (R11); P2P matches pairwise */
+    c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);
   bool wake = false;
   if (in_group) {
     w->bnext = NULL;

@@ -240,6 +240,7 @@ void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int
 /* act_abort (R5): works not final are ABORTED; the comm closes. */
 void ncfsm__comm_do_abort(ncfsm_comm *c) {
   if (c->bcomm) {
+    c->be_calls++;
     int rc = c->be->abort(c->bcomm);
     if (rc != NCFSM__NCCL_SUCCESS)
       NCFSM_WARN(NCFSM__SUB_FSM, "[%s] ncclCommAbort returned %s", c->name, ncfsm__nccl_result_name(rc));
@@ -396,6 +397,7 @@ static void issue_inits(ncfsm_loop *loop) {
     ncfsm_comm *c = todo[i];
     ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
     c->init_issued = true;
+    c->be_calls++;
     rcs[i] = c->be->comm_init(&c->bcomm, c->nranks, &c->uid, c->rank, &cfg);
   }
   int grc = grouped ? be->group_end() : NCFSM__NCCL_SUCCESS;
@@ -415,6 +417,7 @@ static void issue_inits(ncfsm_loop *loop) {
 }
 
 static void issue_finalize(ncfsm_comm *c) {
+  c->be_calls++;
   int rc = c->be->finalize(c->bcomm);
   c->fin_issued = true;
   if (IS_ERR(rc)) {
@@ -509,6 +512,7 @@ void ncfsm__launch(ncfsm_loop *loop) {
       c->npending--;
       w->t_launch = now;
       if (c->opts.timeout_ms) w->deadline_ns = now + c->opts.timeout_ms * 1000000ull;
+      c->be_calls++;
       int rc = be->op(c->bcomm, &w->op);
       if (IS_ERR(rc) && !IS_ERR(op_rc[i])) op_rc[i] = rc;
       ncfsm__work_set_state(w, NCFSM_WORK_LAUNCHING);
@@ -704,4 +708,11 @@ bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y) {
       }
   if (s != stack) free(s);
   return hit;
+}
+
+uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c) {
+  pthread_mutex_lock(&c->loop->mu);
+  uint64_t n = c->be_calls;
+  pthread_mutex_unlock(&c->loop->mu);
+  return n;
 }

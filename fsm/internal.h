@@ -92,6 +92,7 @@ struct ncfsm_comm {
   uint64_t *p2p_seq;  /* per peer */
   uint64_t hash;
   uint64_t phase_deadline;
+  uint64_t be_calls;   /* backend calls made for this comm (not polls/events): tests */
   char last_error[512];
 };
 
@@ -140,6 +141,9 @@ struct ncfsm__state_note {
   ncfsm_event_t ev;
   struct ncfsm__state_note *next;
 };
+
+/* For tests: backend calls (init, op, finalize, destroy, abort, revoke) made for c. */
+uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c);
 
 /* table.c */
 const char *ncfsm__call_fn(ncfsm_call_t c);

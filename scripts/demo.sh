@@ -3,5 +3,6 @@
 set -euo pipefail
 BUILD=${1:-build}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-"$BUILD/tools/ncfsm-info" --brief 2>/dev/null || true
+"$BUILD/tools/ncfsm-info" 2>/dev/null | grep -E "^ncfsm|runtime|picks" || true
+echo
 exec "$BUILD/examples/01_lifecycle"

@@ -53,6 +53,7 @@ static void test_r2_call_during_inprogress(void **state) {
   be->stream_destroy(stream);
 
   /* Through ncfsm: the second op is queued (DEFER), the comm stays healthy. */
+  so.launch_polls = 200; /* longer than one turn's poll burst */
   ncfsm_loop *loop;
   assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
   ncfsm_comm_opts o;
@@ -160,12 +161,12 @@ static void test_r4_finalize_twice_cascade(void **state) {
   assert_non_null(strstr(ncfsm_comm_last_error(cc[0]), "R4"));
   assert_int_equal(ncfsm_comm_wait_state(cc[0], NCFSM_STATE_FINALIZED, 5000), NCFSM_OK);
   assert_int_equal(ncfsm_comm_destroy(cc[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_release(cc[0]), NCFSM_OK);
   /* and the next communicator on this thread is fine */
   ncfsm_comm *nc[1];
   make_comms(loop, 1, &o, nc, 0);
   run_until_state(loop, nc[0], NCFSM_STATE_READY);
   teardown_all(loop, nc, 1);
-  assert_int_equal(ncfsm_comm_release(cc[0]), NCFSM_OK);
 }
 
 /* R3: GroupEnd without GroupStart. */

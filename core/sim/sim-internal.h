@@ -1,0 +1,179 @@
+/*
+ * Internals of the sim backend, shared by the sim sources (core/sim/) only.
+ *
+ * One process-wide mutex (ncfsm__sim_mu) protects every object below; every
+ * function declared here expects it held unless its comment says otherwise.
+ * Rule ids (R1..R12) refer to shared/design/NCCL-RULES.md.
+ */
+#ifndef NCFSM_CORE_SIM_INTERNAL_H
+#define NCFSM_CORE_SIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "core/sim/sim.h"
+
+#define SIM_MAGIC_COMM 0x53494d43u   /* "SIMC" */
+#define SIM_MAGIC_STREAM 0x53494d53u /* "SIMS" */
+#define SIM_MAGIC_EVENT 0x53494d45u  /* "SIME" */
+#define SIM_MAGIC_DEAD 0xdeadc0deu
+
+/* Unique id layout: 16 random bytes (the clique key), then this tag. */
+#define SIM_ID_KEY_LEN 16
+#define SIM_ID_TAG "NCFSMSIM"
+#define SIM_ID_TAG_LEN 8
+
+/* cudaError_t values returned by the stream/event model. */
+enum {
+  SIM_CUDA_INVALID_VALUE = 1,    /* cudaErrorInvalidValue */
+  SIM_CUDA_NO_MEMORY = 2,        /* cudaErrorMemoryAllocation */
+  SIM_CUDA_INVALID_HANDLE = 400, /* cudaErrorInvalidResourceHandle */
+  SIM_CUDA_NOT_READY = 600       /* cudaErrorNotReady */
+};
+
+/* A FIFO model of a CUDA stream. Each posted op takes a ticket (1, 2, ...);
+ * `done` is the longest prefix of tickets that completed, so the stream
+ * completes in order even when ops execute out of order. */
+typedef struct sim_stream {
+  uint32_t magic;
+  int device;     /* a label (ncfsm_comm_opts.device) */
+  int destroyed;  /* stream_destroy was called; freed once refs is 0 */
+  uint64_t refs;  /* outstanding tickets + events that point here */
+  uint64_t enq;   /* tickets issued */
+  uint64_t done;  /* tickets 1..done completed */
+  uint8_t *fl;    /* ring: completion flags of tickets done+1..enq */
+  size_t cap;     /* ring capacity (power of two, or 0) */
+  size_t head;    /* ring index of ticket done+1 */
+} sim_stream;
+
+typedef struct sim_event {
+  uint32_t magic;
+  int device;
+  int recorded;
+  sim_stream *s;   /* NULL once complete (or recorded on the NULL stream) */
+  uint64_t target; /* complete when s->done >= target */
+  uint64_t t_ns;   /* host time at which it was first seen complete; 0 = not yet */
+} sim_event;
+
+struct sim_comm;
+struct sim_unit;
+
+/* One operation of one rank. */
+typedef struct sim_op {
+  ncfsm__op a;            /* the call's arguments */
+  struct sim_comm *c;
+  struct sim_unit *unit;  /* the launch unit it was posted in */
+  struct sim_op *next;
+  sim_stream *s;          /* stream it is enqueued on; NULL: none */
+  uint64_t ticket;        /* its ticket on s */
+  uint64_t seq;           /* index among all ops posted by this comm (async_error_at_op) */
+  uint64_t idx;           /* match index: k-th collective, or k-th send/recv with peer */
+  unsigned done : 1;      /* executed or dropped; its ticket completed */
+  unsigned invisible : 1; /* never_arrive: peers never see it */
+  unsigned dead : 1;      /* hit by an injected async error: never executes (R10) */
+} sim_op;
+
+/* The ops of one group end (or implicit group) of one comm, in call order. */
+typedef struct sim_unit {
+  sim_op *head, *tail;
+  size_t n, ndone;
+  struct sim_unit *next;
+} sim_unit;
+
+/* What an InProgress async state is waiting for. */
+typedef enum sim_phase {
+  SIM_PH_NONE = 0,
+  SIM_PH_INIT,     /* init_polls and all ranks present (R1) */
+  SIM_PH_LAUNCH,   /* launch_polls, then the staged unit is posted (R1, R2) */
+  SIM_PH_FINALIZE, /* finalize_polls and every posted op done (R4) */
+  SIM_PH_REVOKE    /* revoke_polls (R6) */
+} sim_phase;
+
+typedef struct sim_clique sim_clique;
+
+typedef struct sim_comm {
+  uint32_t magic;
+  sim_clique *q;
+  int rank, nranks, blocking, device;
+  ncfsm_sim_opts o;
+  char name[64];
+
+  int state;        /* async state, an ncclResult_t */
+  sim_phase phase;  /* while state is InProgress */
+  int armed;        /* the phase counts polls (set by the outermost group end) */
+  int countdown;    /* polls left in the phase */
+  int poisoned;     /* R2: a call was rejected while InProgress */
+  int revoke_prev;  /* state to restore when a revoke phase ends (R6) */
+  int finalized;    /* finalize completed (R4) */
+  int revoked;      /* revoke issued (R6) */
+  int zombie;       /* destroyed/aborted while in an open group; freed at its end */
+
+  /* Membership in the calling thread's open group (R3). */
+  int in_group;
+  int arg_err;       /* a call on it was rejected with ncclInvalidArgument in this group */
+  int init_in_group; /* its init completes (or arms) at the outermost group end */
+  struct sim_comm *grp_next;
+
+  sim_unit *pending; /* ops of the open group, not posted */
+  sim_unit *staged;  /* ops of an InProgress group end, posted when launch_polls ran out */
+  sim_unit *units, *units_tail; /* posted launch units, oldest first */
+  uint64_t nposted, ncoll;
+  uint64_t *nsend, *nrecv; /* per peer: sends/recvs posted */
+
+  ncfsm_sim_stats st;
+} sim_comm;
+
+/* The ranks that share one unique id (one process for now). */
+struct sim_clique {
+  unsigned char key[SIM_ID_KEY_LEN];
+  int nranks;
+  int joined;          /* ranks that ever called init */
+  int live;            /* comms not destroyed or aborted */
+  sim_comm **slot;     /* live comm of each rank, or NULL */
+  unsigned char *used; /* rank ever joined */
+  uint64_t rng;        /* shuffle PRNG (R12), seeded by the first comm's shuffle_seed */
+  sim_clique *next;
+};
+
+extern pthread_mutex_t ncfsm__sim_mu;
+extern sim_clique *ncfsm__sim_cliques;
+
+/* sim.c */
+/* Record a WARN as NCCL does: last-error text, stderr when NCCL_DEBUG is
+ * WARN/INFO/TRACE, and an ncfsm INFO line. */
+void ncfsm__sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* sim_exec.c */
+/* Run every executable instance of every clique until nothing executes (R11, R12). */
+void ncfsm__sim_progress(void);
+/* Mark every op of u done (dropped, no data), complete its tickets, free u. */
+void ncfsm__sim_unit_drop(sim_unit *u);
+
+/* sim_stream.c */
+int ncfsm__sim_stream_valid(const void *stream);
+/* Take the next ticket on s (0, or -1 when out of memory). */
+int ncfsm__sim_stream_enqueue(sim_stream *s, uint64_t *ticket);
+/* Ticket t of s completed; may free s. */
+void ncfsm__sim_stream_complete(sim_stream *s, uint64_t t);
+int ncfsm__sim_stream_create(int device, void **stream);
+int ncfsm__sim_stream_destroy(void *stream);
+int ncfsm__sim_stream_device(void *stream, int *device);
+int ncfsm__sim_event_create(int device, void **ev);
+int ncfsm__sim_event_record(void *ev, void *stream);
+int ncfsm__sim_event_query(void *ev);
+int ncfsm__sim_event_elapsed_ms(void *start, void *stop, float *ms);
+int ncfsm__sim_event_destroy(void *ev);
+
+/* sim_reduce.c (no lock needed) */
+size_t ncfsm__sim_dtype_size(int dtype);
+/* out[i] = in[0][i] op in[1][i] op ... for n elements of dtype; AVG divides
+ * by nin (integers truncate). out may alias none of in. */
+void ncfsm__sim_reduce(void *out, const void *const *in, int nin, size_t n, int dtype, int redop);
+float ncfsm__sim_half_to_float(uint16_t h);
+uint16_t ncfsm__sim_float_to_half(float f);
+float ncfsm__sim_bf16_to_float(uint16_t h);
+uint16_t ncfsm__sim_float_to_bf16(float f);
+
+#endif

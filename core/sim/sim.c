@@ -1,0 +1,939 @@
+/*
+ * ncfsm__backend_sim: a deterministic model of NCCL 2.28 nonblocking
+ * behaviour for machines without GPUs. A test double, not NCCL: see
+ * docs/sim.md for what it models and what it does not.
+ *
+ * This file: cliques, communicators, the thread-local group state (R3), the
+ * async state machine (R1, R2), argument checks, finalize/destroy/abort/revoke
+ * (R4, R5, R6) and the backend table. Execution and data movement live in
+ * sim_exec.c, streams and events in sim_stream.c, types in sim_reduce.c.
+ *
+ * One process-wide mutex protects all sim state; ranks of a clique may be
+ * driven by one thread or several. Progress runs only inside
+ * get_async_error and event_query (and blocking waits): no helper threads.
+ * Rule ids (R1..R12) refer to shared/design/NCCL-RULES.md.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "core/sim/sim-internal.h"
+
+enum {
+  OK = NCFSM__NCCL_SUCCESS,
+  E_SYSTEM = NCFSM__NCCL_SYSTEM_ERROR,
+  E_ARG = NCFSM__NCCL_INVALID_ARGUMENT,
+  E_USAGE = NCFSM__NCCL_INVALID_USAGE,
+  E_REMOTE = NCFSM__NCCL_REMOTE_ERROR,
+  IN_PROGRESS = NCFSM__NCCL_IN_PROGRESS
+};
+
+#define R2_WARN "Attempt to use communicator before the previous operation returned ncclSuccess"
+#define MIX_WARN "Blocking and nonblocking communicators are not allowed in the same group."
+
+pthread_mutex_t ncfsm__sim_mu = PTHREAD_MUTEX_INITIALIZER;
+sim_clique *ncfsm__sim_cliques;
+
+#define LOCK() pthread_mutex_lock(&ncfsm__sim_mu)
+#define UNLOCK() pthread_mutex_unlock(&ncfsm__sim_mu)
+
+static char g_last_error[1024]; /* process-wide, as ncclGetLastError */
+
+/* Thread-local group state, as NCCL's group.cc (R3). */
+static __thread int g_depth;         /* ncclGroupDepth */
+static __thread int g_err;           /* ncclGroupError: first error of the open group */
+static __thread int g_blocking = -1; /* ncclGroupBlocking: -1 unset, 0 nonblocking, 1 blocking */
+static __thread int g_dirty;         /* g_blocking was left set by a refused destroy (R4) */
+static __thread sim_comm *g_head;    /* comms touched by the open group */
+static __thread uint64_t g_nstarts, g_nends; /* explicit calls in the open group (stats) */
+
+static const char *const op_names[NCFSM_OPKIND_COUNT] = {
+    "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+    "AlltoAll",  "Gather",    "Scatter", "Send",     "Recv"};
+
+static const char *res_name(int code) {
+  static const char *const names[] = {"ncclSuccess",         "ncclUnhandledCudaError",
+                                      "ncclSystemError",     "ncclInternalError",
+                                      "ncclInvalidArgument", "ncclInvalidUsage",
+                                      "ncclRemoteError",     "ncclInProgress",
+                                      "ncclTimeout"};
+  return (code >= 0 && code < (int)(sizeof names / sizeof names[0])) ? names[code] : "ncclResult(?)";
+}
+
+static int warn_to_stderr(void) {
+  static int v = -1; /* read under the lock */
+  if (v < 0) {
+    const char *e = getenv("NCCL_DEBUG");
+    v = e && (!strcasecmp(e, "WARN") || !strcasecmp(e, "INFO") || !strcasecmp(e, "TRACE"));
+  }
+  return v;
+}
+
+void ncfsm__sim_warn(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+  va_end(ap);
+  if (warn_to_stderr()) fprintf(stderr, "NCCL WARN %s\n", g_last_error);
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: NCCL WARN %s", g_last_error);
+}
+
+static long long wait_limit_ms(void) { return ncfsm__env_ll("NCFSM_SIM_WAIT_MS", 30000); }
+
+static void sleep_1ms(void) {
+  struct timespec ts = {0, 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* ---- options ---------------------------------------------------------------- */
+
+void ncfsm_sim_opts_init(ncfsm_sim_opts *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->init_polls = (int)ncfsm__env_ll("NCFSM_SIM_INIT_POLLS", 3);
+  o->launch_polls = (int)ncfsm__env_ll("NCFSM_SIM_LAUNCH_POLLS", 1);
+  o->finalize_polls = (int)ncfsm__env_ll("NCFSM_SIM_FINALIZE_POLLS", 2);
+  o->revoke_polls = 1;
+  o->group_end_inprogress = (int)ncfsm__env_ll("NCFSM_SIM_GROUP_END_INPROGRESS", 1);
+  o->fail_init = 0;
+  o->async_error_at_op = -1;
+  o->async_error_code = E_REMOTE;
+  o->never_arrive = 0;
+  o->shuffle_seed = (uint64_t)ncfsm__env_ll("NCFSM_SIM_SEED", 1);
+  o->has_revoke = 1;
+}
+
+/* The modelled NCCL version, process-wide (NCFSM_SIM_NCCL_VERSION, default 2.28.9). */
+static int sim_version(void) { return (int)ncfsm__env_ll("NCFSM_SIM_NCCL_VERSION", 22809); }
+
+static unsigned sim_features(void) {
+  unsigned f = NCFSM__HAS_ALLTOALL | NCFSM__HAS_GATHER | NCFSM__HAS_SCATTER;
+  if (sim_version() >= 22807) f |= NCFSM__HAS_REVOKE; /* R6 */
+  return f;
+}
+
+static int sim_open(char *why, size_t why_len) {
+  if (why && why_len) why[0] = '\0';
+  return 0;
+}
+
+/* ---- cliques ---------------------------------------------------------------- */
+
+static sim_clique *clique_find(const ncfsm_unique_id *id) {
+  for (sim_clique *q = ncfsm__sim_cliques; q; q = q->next)
+    if (!memcmp(q->key, id->internal, SIM_ID_KEY_LEN)) return q;
+  return NULL;
+}
+
+static sim_clique *clique_new(const ncfsm_unique_id *id, int nranks, uint64_t seed) {
+  sim_clique *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  q->slot = calloc((size_t)nranks, sizeof *q->slot);
+  q->used = calloc((size_t)nranks, 1);
+  if (!q->slot || !q->used) {
+    free(q->slot);
+    free(q->used);
+    free(q);
+    return NULL;
+  }
+  memcpy(q->key, id->internal, SIM_ID_KEY_LEN);
+  q->nranks = nranks;
+  q->rng = seed;
+  q->next = ncfsm__sim_cliques;
+  ncfsm__sim_cliques = q;
+  return q;
+}
+
+static void clique_leave(sim_comm *c) {
+  sim_clique *q = c->q;
+  if (!q) return;
+  c->q = NULL;
+  q->slot[c->rank] = NULL;
+  if (--q->live > 0) return;
+  for (sim_clique **pp = &ncfsm__sim_cliques; *pp; pp = &(*pp)->next)
+    if (*pp == q) {
+      *pp = q->next;
+      break;
+    }
+  free(q->slot);
+  free(q->used);
+  free(q);
+}
+
+static int sim_get_unique_id(ncfsm_unique_id *id) {
+  if (!id) return E_ARG;
+  memset(id, 0, sizeof *id);
+  size_t got = 0;
+  while (got < SIM_ID_KEY_LEN) {
+    ssize_t r = getrandom(id->internal + got, SIM_ID_KEY_LEN - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      LOCK();
+      ncfsm__sim_warn("ncclGetUniqueId: getrandom failed: %s", strerror(errno));
+      UNLOCK();
+      return E_SYSTEM;
+    }
+    got += (size_t)r;
+  }
+  memcpy(id->internal + SIM_ID_KEY_LEN, SIM_ID_TAG, SIM_ID_TAG_LEN);
+  return OK;
+}
+
+/* ---- communicators ------------------------------------------------------------ */
+
+static sim_comm *comm_of(void *bcomm) {
+  sim_comm *c = bcomm;
+  return (c && c->magic == SIM_MAGIC_COMM) ? c : NULL;
+}
+
+/* Drop every op not executed yet: posted ops complete on their streams with
+ * no data, so the streams drain (R5); unposted ops are discarded. */
+static void comm_drop_ops(sim_comm *c) {
+  for (sim_unit *u = c->units, *nx; u; u = nx) {
+    nx = u->next;
+    ncfsm__sim_unit_drop(u);
+  }
+  c->units = c->units_tail = NULL;
+  ncfsm__sim_unit_drop(c->staged);
+  ncfsm__sim_unit_drop(c->pending);
+  c->staged = c->pending = NULL;
+}
+
+static void comm_free(sim_comm *c) {
+  c->magic = SIM_MAGIC_DEAD;
+  free(c->nsend);
+  free(c->nrecv);
+  free(c);
+}
+
+/* Remove c for good (destroy, abort). While it sits in an open group its
+ * memory is kept (zombie) and freed by that group's end. */
+static void comm_close(sim_comm *c) {
+  comm_drop_ops(c);
+  clique_leave(c);
+  if (c->in_group) {
+    c->zombie = 1;
+    c->magic = SIM_MAGIC_DEAD;
+  } else {
+    comm_free(c);
+  }
+}
+
+/* R2/R3 poisoning of a nonblocking comm: its async state becomes
+ * ncclInvalidArgument now, or when the running InProgress phase ends. */
+static void comm_poison(sim_comm *c) {
+  if (c->blocking) return;
+  if (c->state == IN_PROGRESS) c->poisoned = 1;
+  else if (c->state == OK) c->state = E_ARG;
+}
+
+static int unfinished(const sim_comm *c) {
+  for (const sim_unit *u = c->units; u; u = u->next)
+    if (u->ndone < u->n) return 1;
+  return 0;
+}
+
+/* Post a unit: its ops get their match indices, go on their streams, and
+ * become visible to peers (sim_exec.c). Fault injection happens here. */
+static void comm_post(sim_comm *c, sim_unit *u) {
+  if (!u) return;
+  if (!u->n) {
+    free(u);
+    return;
+  }
+  for (sim_op *o = u->head; o; o = o->next) {
+    o->unit = u;
+    o->seq = c->nposted++;
+    if (o->a.stream && ncfsm__sim_stream_enqueue(o->a.stream, &o->ticket) == 0)
+      o->s = o->a.stream; /* else (out of memory): not tracked by the stream */
+    switch (o->a.kind) {
+    case NCFSM_KIND_SEND: o->idx = c->nsend[o->a.peer]++; break;
+    case NCFSM_KIND_RECV: o->idx = c->nrecv[o->a.peer]++; break;
+    default: o->idx = c->ncoll++; break;
+    }
+    if (c->o.never_arrive) {
+      o->invisible = 1; /* fault injection: peers never see this rank's ops (hang) */
+    } else if (c->o.async_error_at_op >= 0 && o->seq == (uint64_t)c->o.async_error_at_op) {
+      o->dead = 1; /* R10: the op hit by an async error never completes */
+      c->state = c->o.async_error_code ? c->o.async_error_code : E_REMOTE;
+      ncfsm__sim_warn("sim: injected async error %s at op %llu (%s, rank %d)", res_name(c->state),
+                      (unsigned long long)o->seq, op_names[o->a.kind], c->rank);
+    }
+  }
+  if (c->units_tail) c->units_tail->next = u;
+  else c->units = u;
+  c->units_tail = u;
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d posted %zu op(s)", c->rank, u->n);
+}
+
+/* One poll of a comm's InProgress phase (R1): the first `countdown` polls
+ * still return InProgress; a later one ends the phase once its condition holds. */
+static void comm_tick(sim_comm *c) {
+  if (c->phase == SIM_PH_NONE || !c->armed) return;
+  if (c->countdown > 0) {
+    c->countdown--;
+    return;
+  }
+  int final = OK;
+  switch (c->phase) {
+  case SIM_PH_INIT:
+    if (c->q && c->q->joined < c->nranks) return; /* a missing rank keeps everyone waiting */
+    if (c->o.fail_init) {
+      final = c->o.fail_init;
+      ncfsm__sim_warn("sim: injected init failure %s (rank %d)", res_name(final), c->rank);
+    }
+    break;
+  case SIM_PH_FINALIZE:
+    if (unfinished(c)) return; /* R4: finalize flushes outstanding work */
+    c->finalized = 1;
+    break;
+  case SIM_PH_LAUNCH: {
+    sim_unit *u = c->staged;
+    c->staged = NULL;
+    c->state = OK;
+    comm_post(c, u); /* may set an injected async error */
+    if (c->state != OK) final = c->state;
+    break;
+  }
+  case SIM_PH_REVOKE: final = c->revoke_prev; break;
+  default: break;
+  }
+  static const char *const phase_names[] = {"none", "init", "launch", "finalize", "revoke"};
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d %s done%s", c->rank, phase_names[c->phase],
+             c->poisoned ? " (poisoned, R2)" : "");
+  c->phase = SIM_PH_NONE;
+  c->armed = 0;
+  if (c->poisoned && final == OK) final = E_ARG; /* R2 poisoning */
+  c->poisoned = 0;
+  c->state = final;
+}
+
+/* ---- thread-local groups (R3) ------------------------------------------------------ */
+
+static void group_track(sim_comm *c) {
+  if (c->in_group) return;
+  c->in_group = 1;
+  c->grp_next = g_head;
+  g_head = c;
+}
+
+/* A call failed: the group remembers the first error (ncclGroupErrCheck); a
+ * nonblocking comm rejected with ncclInvalidArgument is poisoned at the
+ * outermost group end (R2, R3). */
+static void group_fail(sim_comm *c, int rc) {
+  if (!g_err) g_err = rc;
+  if (!c) return;
+  c->st.rejected++;
+  if (!c->blocking && rc == E_ARG) {
+    c->arg_err = 1;
+    group_track(c);
+  }
+}
+
+/* R3: one group may not mix blocking and nonblocking comms. */
+static int group_mode_check(int blocking) {
+  if (g_blocking != -1 && g_blocking != blocking) {
+    ncfsm__sim_warn(MIX_WARN);
+    return E_ARG;
+  }
+  return OK;
+}
+
+/* Outermost group end, blocking comms: their inits complete once every rank
+ * of their cliques arrived (the lock is dropped while waiting). */
+static int wait_blocking_inits(sim_comm *list) {
+  uint64_t deadline = ncfsm__now_ns() + (uint64_t)wait_limit_ms() * 1000000ull;
+  for (;;) {
+    int ready = 1;
+    for (sim_comm *c = list; c; c = c->grp_next)
+      if (!c->zombie && c->init_in_group && c->q && c->q->joined < c->nranks) ready = 0;
+    if (ready) break;
+    if (ncfsm__now_ns() >= deadline) {
+      ncfsm__sim_warn("ncclCommInitRank: peers never arrived within %lld ms (sim, NCFSM_SIM_WAIT_MS)",
+                      wait_limit_ms());
+      for (sim_comm *c = list; c; c = c->grp_next)
+        if (!c->zombie && c->init_in_group) {
+          c->init_in_group = 0;
+          c->phase = SIM_PH_NONE;
+          c->state = E_SYSTEM;
+        }
+      return E_SYSTEM;
+    }
+    UNLOCK();
+    sleep_1ms();
+    LOCK();
+  }
+  int rc = OK;
+  for (sim_comm *c = list; c; c = c->grp_next) {
+    if (c->zombie || !c->init_in_group) continue;
+    c->init_in_group = 0;
+    c->phase = SIM_PH_NONE;
+    c->state = c->o.fail_init ? c->o.fail_init : OK;
+    if (c->o.fail_init) {
+      ncfsm__sim_warn("sim: injected init failure %s (rank %d)", res_name(c->state), c->rank);
+      if (!rc) rc = c->state;
+    }
+  }
+  return rc;
+}
+
+/* The outermost ncclGroupEnd (explicit, or the implicit group of a single
+ * call): launches the group, or on a stored error discards it. */
+static int group_finish(void) {
+  int rc = g_err, any_ip = 0, any_blocking_init = 0;
+  sim_comm *list = g_head;
+  uint64_t ns = g_nstarts, ne = g_nends;
+  g_head = NULL; /* reset first: blocking waits below drop the lock */
+  g_err = 0;
+  g_blocking = -1;
+  g_dirty = 0;
+  g_nstarts = g_nends = 0;
+
+  for (sim_comm *c = list; c; c = c->grp_next) {
+    if (c->zombie) continue;
+    c->st.group_starts += ns;
+    c->st.group_ends += ne;
+    if (rc) { /* R3: the group's ops never launch; argument errors poison */
+      ncfsm__sim_unit_drop(c->pending);
+      c->pending = NULL;
+      if (c->init_in_group) {
+        c->init_in_group = 0;
+        c->phase = SIM_PH_NONE;
+        c->state = rc;
+      }
+      if (c->arg_err) comm_poison(c);
+      c->arg_err = 0;
+      continue;
+    }
+    c->arg_err = 0;
+    if (c->init_in_group) {
+      if (c->blocking) {
+        any_blocking_init = 1;
+      } else { /* R1: init runs now, polls count down */
+        c->init_in_group = 0;
+        c->armed = 1;
+        any_ip = 1;
+      }
+    }
+    if (c->pending) {
+      sim_unit *u = c->pending;
+      c->pending = NULL;
+      if (!c->blocking && c->o.group_end_inprogress) {
+        /* R1 (2.28): the group end returns InProgress; ops post after launch_polls. */
+        if (c->staged) { /* cannot happen: ops are rejected while InProgress (R2) */
+          ncfsm__sim_unit_drop(u);
+        } else {
+          c->staged = u;
+          c->state = IN_PROGRESS;
+          c->phase = SIM_PH_LAUNCH;
+          c->countdown = c->o.launch_polls;
+          c->armed = 1;
+        }
+        any_ip = 1;
+      } else {
+        comm_post(c, u); /* blocking, or 2.22 behaviour: posted at once */
+      }
+    }
+  }
+  if (!rc && any_blocking_init) rc = wait_blocking_inits(list);
+  if (!rc && any_ip) rc = IN_PROGRESS;
+  for (sim_comm *c = list, *nx; c; c = nx) {
+    nx = c->grp_next;
+    c->grp_next = NULL;
+    c->in_group = 0;
+    if (c->zombie) comm_free(c);
+  }
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: group end -> %s", res_name(rc));
+  return rc;
+}
+
+static int sim_group_start(void) {
+  LOCK();
+  g_depth++;
+  g_nstarts++;
+  UNLOCK();
+  return OK;
+}
+
+static int sim_group_end(void) {
+  LOCK();
+  int rc = OK;
+  if (g_depth == 0) {
+    ncfsm__sim_warn("ncclGroupEnd: not in a group call."); /* R3 */
+    rc = E_USAGE;
+  } else {
+    g_nends++;
+    if (--g_depth == 0) rc = group_finish(); /* only the outermost end launches (R3) */
+  }
+  UNLOCK();
+  return rc;
+}
+
+/* Every call outside an explicit group is an implicit group of one
+ * (ncclGroupStartInternal ... ncclGroupEndInternal). */
+static int implicit_begin(void) {
+  if (g_depth) return 0;
+  g_depth = 1;
+  return 1;
+}
+static int implicit_end(int implicit) {
+  if (!implicit) return OK;
+  g_depth = 0;
+  return group_finish();
+}
+
+/* ---- init ------------------------------------------------------------------------ */
+
+static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, int rank,
+                       const ncfsm__comm_config *cfg) {
+  sim_clique *q = clique_find(id);
+  if (q && q->nranks != nranks) {
+    ncfsm__sim_warn("ncclCommInitRank: nranks %d differs from %d of the ranks already joined (sim)",
+                    nranks, q->nranks);
+    return E_ARG;
+  }
+  if (q && q->used[rank]) {
+    sim_comm *o = q->slot[rank];
+    if (o && o->state == IN_PROGRESS) { /* R2: init again while the first is in progress */
+      ncfsm__sim_warn(R2_WARN);
+      group_fail(o, E_ARG);
+    } else {
+      ncfsm__sim_warn("ncclCommInitRank: rank %d already joined this clique (sim)", rank);
+    }
+    return E_ARG;
+  }
+  int blocking = cfg->blocking ? 1 : 0;
+  if (group_mode_check(blocking)) return E_ARG; /* R3, and the R4 cascade */
+
+  ncfsm_sim_opts o;
+  if (cfg->sim) o = *cfg->sim;
+  else ncfsm_sim_opts_init(&o);
+
+  sim_comm *c = calloc(1, sizeof *c);
+  if (c) {
+    c->nsend = calloc((size_t)nranks, sizeof *c->nsend);
+    c->nrecv = calloc((size_t)nranks, sizeof *c->nrecv);
+  }
+  if (!q && c) q = clique_new(id, nranks, o.shuffle_seed);
+  if (!c || !c->nsend || !c->nrecv || !q) {
+    if (c) {
+      free(c->nsend);
+      free(c->nrecv);
+      free(c);
+    }
+    ncfsm__sim_warn("ncclCommInitRank: out of memory");
+    return E_SYSTEM;
+  }
+  c->magic = SIM_MAGIC_COMM;
+  c->q = q;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->blocking = blocking;
+  c->device = cfg->device;
+  c->o = o;
+  snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "");
+  c->state = IN_PROGRESS;
+  c->phase = SIM_PH_INIT;
+  c->countdown = o.init_polls;
+  q->slot[rank] = c;
+  q->used[rank] = 1;
+  q->joined++;
+  q->live++;
+  *out = c;
+  return OK;
+}
+
+static int sim_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, int rank,
+                         const ncfsm__comm_config *cfg) {
+  LOCK();
+  int implicit = implicit_begin(), rc = OK;
+  sim_comm *c = NULL;
+  if (bcomm) *bcomm = NULL;
+  if (!bcomm || !id || !cfg) {
+    ncfsm__sim_warn("ncclCommInitRankConfig : invalid argument (NULL pointer)");
+    rc = E_ARG;
+  } else if (nranks < 1 || rank < 0 || rank >= nranks) {
+    ncfsm__sim_warn("Invalid rank requested : %d/%d", rank, nranks);
+    rc = E_ARG;
+  } else if (memcmp(id->internal + SIM_ID_KEY_LEN, SIM_ID_TAG, SIM_ID_TAG_LEN)) {
+    ncfsm__sim_warn("ncclCommInitRank: unique id was not made by the sim's get_unique_id");
+    rc = E_ARG;
+  } else {
+    rc = comm_create(&c, nranks, id, rank, cfg);
+  }
+  if (rc) {
+    group_fail(NULL, rc);
+  } else {
+    c->st.inits++;
+    c->init_in_group = 1; /* completes (blocking) or arms (nonblocking) at the outermost end */
+    group_track(c);
+    g_blocking = c->blocking;
+    *bcomm = c;
+    NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d/%d init (%s%s%s)", rank, nranks,
+               c->blocking ? "blocking" : "nonblocking", c->name[0] ? ", " : "", c->name);
+  }
+  int grc = implicit_end(implicit);
+  if (!rc) {
+    if (implicit) rc = c->blocking ? grc : c->state; /* R1: nonblocking -> InProgress */
+    else rc = c->blocking ? OK : IN_PROGRESS;
+  }
+  UNLOCK();
+  return rc;
+}
+
+/* ---- poll ------------------------------------------------------------------------- */
+
+static int sim_get_async_error(void *bcomm, int *state) {
+  LOCK();
+  sim_comm *c = comm_of(bcomm);
+  int rc = OK;
+  if (!c || !state) {
+    ncfsm__sim_warn("ncclCommGetAsyncError : comm argument is NULL or not a sim communicator");
+    rc = E_ARG;
+  } else {
+    c->st.polls++;
+    ncfsm__sim_progress();
+    sim_phase before = c->phase;
+    comm_tick(c);
+    if (before != SIM_PH_NONE && c->phase == SIM_PH_NONE) ncfsm__sim_progress();
+    *state = c->state;
+  }
+  UNLOCK();
+  return rc;
+}
+
+/* ---- operations --------------------------------------------------------------------- */
+
+/* ArgsCheck (misc/argcheck.cc): root (peer for send/recv), type, reduction
+ * operator, then the buffers a rank needs. */
+static int args_check(const sim_comm *c, const ncfsm__op *op) {
+  if ((unsigned)op->kind >= (unsigned)NCFSM_OPKIND_COUNT) {
+    ncfsm__sim_warn("sim: invalid operation kind %d", (int)op->kind);
+    return E_ARG;
+  }
+  ncfsm_opkind_t k = op->kind;
+  const char *nm = op_names[k];
+  int p2p = k == NCFSM_KIND_SEND || k == NCFSM_KIND_RECV;
+  int rooted = k == NCFSM_KIND_BROADCAST || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_GATHER ||
+               k == NCFSM_KIND_SCATTER;
+  if (rooted || p2p) { /* NCCL passes the peer of send/recv as the root */
+    int root = p2p ? op->peer : op->root;
+    if (root < 0 || root >= c->nranks) {
+      ncfsm__sim_warn("%s : invalid root %d (root should be in the 0..%d range)", nm, root,
+                      c->nranks - 1);
+      return E_ARG;
+    }
+  }
+  if ((unsigned)op->dtype >= (unsigned)NCFSM_DTYPE_COUNT) {
+    ncfsm__sim_warn("%s : invalid type %d", nm, (int)op->dtype);
+    return E_ARG;
+  }
+  int reduces = k == NCFSM_KIND_ALLREDUCE || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_REDUCESCATTER;
+  if (reduces && (unsigned)op->redop >= (unsigned)NCFSM_REDOP_COUNT) {
+    ncfsm__sim_warn("%s : invalid reduction operation %d", nm, (int)op->redop);
+    return E_ARG;
+  }
+  size_t es = ncfsm__sim_dtype_size(op->dtype);
+  size_t mult = (k == NCFSM_KIND_ALLGATHER || k == NCFSM_KIND_REDUCESCATTER ||
+                 k == NCFSM_KIND_ALLTOALL || k == NCFSM_KIND_GATHER || k == NCFSM_KIND_SCATTER)
+                    ? (size_t)c->nranks * (size_t)c->nranks /* alltoall's scratch: n*n blocks */
+                    : 1;
+  size_t unit, total;
+  if (__builtin_mul_overflow(es, mult, &unit) || __builtin_mul_overflow(op->count, unit, &total)) {
+    ncfsm__sim_warn("%s : count %zu is too large", nm, op->count);
+    return E_ARG;
+  }
+  if (op->count > 0) {
+    int is_root = rooted && op->root == c->rank;
+    int need_send = 1, need_recv = 1;
+    if (k == NCFSM_KIND_BROADCAST || k == NCFSM_KIND_SCATTER) need_send = is_root;
+    if (k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_GATHER) need_recv = is_root;
+    if (k == NCFSM_KIND_SEND) need_recv = 0;
+    if (k == NCFSM_KIND_RECV) need_send = 0;
+    if (need_send && !op->send) {
+      ncfsm__sim_warn("%s : %s %p is not a valid pointer", nm, p2p ? "buff" : "sendbuff", op->send);
+      return E_ARG;
+    }
+    if (need_recv && !op->recv) {
+      ncfsm__sim_warn("%s : %s %p is not a valid pointer", nm, p2p ? "buff" : "recvbuff",
+                      (void *)op->recv);
+      return E_ARG;
+    }
+  }
+  if (op->stream && !ncfsm__sim_stream_valid(op->stream)) {
+    ncfsm__sim_warn("%s : invalid stream %p", nm, op->stream);
+    return E_ARG;
+  }
+  return OK;
+}
+
+/* ncclEnqueueCheck: CommCheck, ncclCommEnsureReady (R2), ArgsCheck, taskAppend. */
+static int op_admit(sim_comm *c, const ncfsm__op *op) {
+  if (c->state == IN_PROGRESS) {
+    ncfsm__sim_warn(R2_WARN); /* R2 */
+    return E_ARG;
+  }
+  if (c->state != OK) return c->state; /* R10: the async error, again */
+  if (c->revoked) {
+    ncfsm__sim_warn("%s : communicator was revoked; new operations are not allowed (R6)",
+                    (unsigned)op->kind < (unsigned)NCFSM_OPKIND_COUNT ? op_names[op->kind] : "op");
+    return E_USAGE;
+  }
+  if (c->finalized) {
+    ncfsm__sim_warn("%s : communicator was finalized (sim)",
+                    (unsigned)op->kind < (unsigned)NCFSM_OPKIND_COUNT ? op_names[op->kind] : "op");
+    return E_USAGE;
+  }
+  int rc = args_check(c, op);
+  if (rc) return rc;
+  if (g_dirty) { /* an op overwrites a mode left dirty by destroy (taskAppend), inits check it */
+    g_blocking = -1;
+    g_dirty = 0;
+  }
+  return group_mode_check(c->blocking);
+}
+
+static int sim_do_op(void *bcomm, const ncfsm__op *op) {
+  LOCK();
+  int implicit = implicit_begin(), rc = OK;
+  sim_comm *c = comm_of(bcomm);
+  if (!c) {
+    ncfsm__sim_warn("%s : comm argument is NULL or not a sim communicator",
+                    op && (unsigned)op->kind < (unsigned)NCFSM_OPKIND_COUNT ? op_names[op->kind] : "op");
+    rc = E_ARG;
+  } else {
+    c->st.ops++;
+    if (!op) {
+      ncfsm__sim_warn("sim: op is NULL");
+      rc = E_ARG;
+    } else {
+      rc = op_admit(c, op);
+    }
+    if (!rc) {
+      sim_op *o = calloc(1, sizeof *o);
+      if (!c->pending && o) c->pending = calloc(1, sizeof *c->pending);
+      if (!o || !c->pending) {
+        free(o);
+        ncfsm__sim_warn("sim: out of memory");
+        rc = E_SYSTEM;
+      } else {
+        o->a = *op;
+        o->c = c;
+        if (c->pending->tail) c->pending->tail->next = o;
+        else c->pending->head = o;
+        c->pending->tail = o;
+        c->pending->n++;
+        group_track(c);
+        g_blocking = c->blocking;
+      }
+    }
+  }
+  if (rc) group_fail(c, rc);
+  int grc = implicit_end(implicit);
+  if (!rc) rc = c->blocking ? grc : c->state; /* nonblocking: the async state (R1) */
+  UNLOCK();
+  return rc;
+}
+
+/* ---- finalize, destroy, abort, revoke (R4, R5, R6) -------------------------------------- */
+
+static int sim_finalize(void *bcomm) {
+  LOCK();
+  int implicit = implicit_begin(), rc = OK;
+  sim_comm *c = comm_of(bcomm);
+  if (!c) {
+    ncfsm__sim_warn("ncclCommFinalize : comm argument is NULL or not a sim communicator");
+    rc = E_ARG;
+  } else {
+    c->st.finalizes++;
+    if (c->state == IN_PROGRESS) {
+      ncfsm__sim_warn(R2_WARN); /* R2, and R4: a second finalize while the first runs */
+      rc = E_ARG;
+    } else if (c->state != OK) {
+      rc = c->state;
+    } else if (c->revoked) {
+      ncfsm__sim_warn("ncclCommFinalize: not allowed after ncclCommRevoke (R6)");
+      rc = E_USAGE;
+    } else if (c->finalized) {
+      ncfsm__sim_warn("ncclCommFinalize: comm already finalized"); /* R4 */
+      rc = E_ARG;
+    } else if (!c->blocking) {
+      c->state = IN_PROGRESS; /* R1, R4 */
+      c->phase = SIM_PH_FINALIZE;
+      c->countdown = c->o.finalize_polls;
+      c->armed = 1;
+      rc = IN_PROGRESS;
+    } else { /* blocking: flush outstanding work before returning */
+      uint64_t deadline = ncfsm__now_ns() + (uint64_t)wait_limit_ms() * 1000000ull;
+      for (;;) {
+        ncfsm__sim_progress();
+        if (!unfinished(c)) {
+          c->finalized = 1;
+          break;
+        }
+        if (ncfsm__now_ns() >= deadline) {
+          ncfsm__sim_warn("ncclCommFinalize: outstanding operations never completed (sim)");
+          c->state = rc = E_SYSTEM;
+          break;
+        }
+        UNLOCK();
+        sleep_1ms();
+        LOCK();
+      }
+    }
+    if (rc != OK && rc != IN_PROGRESS) group_fail(c, rc);
+  }
+  if (!c) group_fail(NULL, rc);
+  int grc = implicit_end(implicit);
+  if (implicit && grc != OK && grc != IN_PROGRESS && rc == OK) rc = grc;
+  UNLOCK();
+  return rc;
+}
+
+static int sim_destroy(void *bcomm) {
+  LOCK();
+  int implicit = implicit_begin(), rc = OK, dirty = 0;
+  sim_comm *c = comm_of(bcomm);
+  if (!c) {
+    ncfsm__sim_warn("ncclCommDestroy : comm argument is NULL or not a sim communicator");
+    rc = E_ARG;
+    group_fail(NULL, rc);
+  } else if (c->state != OK) {
+    /* R4: destroy is only legal in ncclSuccess. Rejected without destroying;
+     * the thread's group mode is left dirty (measured cascade). */
+    c->st.destroys++;
+    if (c->state == IN_PROGRESS) ncfsm__sim_warn(R2_WARN);
+    else
+      ncfsm__sim_warn("ncclCommDestroy: communicator is in error state %s; use ncclCommAbort (R4)",
+                      res_name(c->state));
+    rc = E_ARG;
+    group_fail(c, rc);
+    dirty = 1;
+  } else {
+    c->st.destroys++;
+    NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d destroyed", c->rank);
+    comm_close(c);
+  }
+  implicit_end(implicit);
+  if (dirty) { /* R4 cascade: the next nonblocking comm init on this thread fails */
+    g_blocking = 1;
+    g_dirty = 1;
+  }
+  UNLOCK();
+  return rc;
+}
+
+static int sim_abort(void *bcomm) {
+  LOCK();
+  int rc = OK;
+  sim_comm *c = comm_of(bcomm);
+  if (!c) {
+    ncfsm__sim_warn("ncclCommAbort : comm argument is NULL or not a sim communicator");
+    rc = E_ARG;
+  } else { /* R5: always legal, never blocks; unexecuted ops drain without data */
+    c->st.aborts++;
+    NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d aborted", c->rank);
+    comm_close(c);
+  }
+  UNLOCK();
+  return rc;
+}
+
+static int sim_revoke(void *bcomm, int flags) {
+  (void)flags;
+  LOCK();
+  int rc = OK;
+  sim_comm *c = comm_of(bcomm);
+  if (!c) {
+    ncfsm__sim_warn("ncclCommRevoke : comm argument is NULL or not a sim communicator");
+    rc = E_ARG;
+  } else if (c->st.revokes++, sim_version() < 22807 || !c->o.has_revoke) {
+    /* R6: the modelled runtime has no ncclCommRevoke (2.28.3) */
+    ncfsm__sim_warn("ncclCommRevoke not available (NCCL %d, needs >= 2.28.7) (R6)",
+                    c->o.has_revoke ? sim_version() : 22803);
+    c->st.rejected++;
+    rc = E_USAGE;
+  } else if (c->phase == SIM_PH_INIT) {
+    ncfsm__sim_warn("ncclCommRevoke: communicator is still initializing (sim)");
+    c->st.rejected++;
+    rc = E_USAGE;
+  } else {
+    /* R6: stop in-flight work; InProgress until quiescent. An async error stays. */
+    c->revoke_prev = (c->state == OK || c->state == IN_PROGRESS) ? OK : c->state;
+    comm_drop_ops(c);
+    c->poisoned = 0;
+    c->revoked = 1;
+    if (c->blocking) {
+      c->phase = SIM_PH_NONE;
+      c->state = c->revoke_prev;
+    } else {
+      c->state = IN_PROGRESS;
+      c->phase = SIM_PH_REVOKE;
+      c->countdown = c->o.revoke_polls;
+      c->armed = 1;
+      rc = IN_PROGRESS;
+    }
+  }
+  UNLOCK();
+  return rc;
+}
+
+/* Returns a thread-local copy: the process-wide text may change meanwhile. */
+static const char *sim_last_error(void *bcomm) {
+  static __thread char copy[sizeof g_last_error];
+  (void)bcomm; /* ncclGetLastError ignores its comm */
+  LOCK();
+  memcpy(copy, g_last_error, sizeof copy);
+  UNLOCK();
+  return copy;
+}
+
+static int sim_device_count(void) { return 0; }
+
+int ncfsm__sim_stats(void *bcomm, ncfsm_sim_stats *out) {
+  LOCK();
+  sim_comm *c = comm_of(bcomm);
+  int rc = OK;
+  if (!c || !out) {
+    rc = E_ARG;
+  } else {
+    *out = c->st;
+    out->async_state = c->state;
+  }
+  UNLOCK();
+  return rc;
+}
+
+const ncfsm__backend ncfsm__backend_sim = {
+    .name = "sim",
+    .kind = NCFSM_BACKEND_SIM,
+    .open = sim_open,
+    .version = sim_version,
+    .features = sim_features,
+    .get_unique_id = sim_get_unique_id,
+    .comm_init = sim_comm_init,
+    .get_async_error = sim_get_async_error,
+    .group_start = sim_group_start,
+    .group_end = sim_group_end,
+    .op = sim_do_op,
+    .finalize = sim_finalize,
+    .destroy = sim_destroy,
+    .abort = sim_abort,
+    .revoke = sim_revoke,
+    .last_error = sim_last_error,
+    .stream_create = ncfsm__sim_stream_create,
+    .stream_destroy = ncfsm__sim_stream_destroy,
+    .stream_device = ncfsm__sim_stream_device,
+    .event_create = ncfsm__sim_event_create,
+    .event_record = ncfsm__sim_event_record,
+    .event_query = ncfsm__sim_event_query,
+    .event_elapsed_ms = ncfsm__sim_event_elapsed_ms,
+    .event_destroy = ncfsm__sim_event_destroy,
+    .device_count = sim_device_count,
+};

@@ -1,0 +1,208 @@
+/*
+ * Streams and events of the sim backend: a model of CUDA streams on the host.
+ *
+ * A stream is a FIFO of tickets, one per op posted on it. An op is enqueued
+ * when it is POSTED (after launch_polls for an InProgress group end), not
+ * when its call returns: an event recorded right after an InProgress group
+ * end therefore completes at once, as measured on NCCL 2.28 (R2). An op
+ * completes when it executes (or is dropped by destroy/abort/revoke); the
+ * stream completes in FIFO order. Return codes are cudaError_t values.
+ * Progress (op execution) runs inside event_query, as the GPU would.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/sim/sim-internal.h"
+
+#define LOCK() pthread_mutex_lock(&ncfsm__sim_mu)
+#define UNLOCK() pthread_mutex_unlock(&ncfsm__sim_mu)
+
+int ncfsm__sim_stream_valid(const void *stream) {
+  const sim_stream *s = stream;
+  return s && s->magic == SIM_MAGIC_STREAM && !s->destroyed;
+}
+
+static sim_event *event_of(void *ev) {
+  sim_event *e = ev;
+  return (e && e->magic == SIM_MAGIC_EVENT) ? e : NULL;
+}
+
+static void stream_maybe_free(sim_stream *s) {
+  if (!s->destroyed || s->refs) return;
+  s->magic = SIM_MAGIC_DEAD;
+  free(s->fl);
+  free(s);
+}
+
+static int ring_grow(sim_stream *s) {
+  size_t ncap = s->cap ? s->cap * 2 : 64;
+  uint8_t *nf = calloc(ncap, 1);
+  if (!nf) return -1;
+  size_t len = (size_t)(s->enq - s->done);
+  for (size_t k = 0; k < len; k++) nf[k] = s->fl[(s->head + k) & (s->cap - 1)];
+  free(s->fl);
+  s->fl = nf;
+  s->cap = ncap;
+  s->head = 0;
+  return 0;
+}
+
+int ncfsm__sim_stream_enqueue(sim_stream *s, uint64_t *ticket) {
+  size_t len = (size_t)(s->enq - s->done);
+  if (len == s->cap && ring_grow(s)) return -1;
+  s->fl[(s->head + len) & (s->cap - 1)] = 0;
+  *ticket = ++s->enq;
+  s->refs++;
+  return 0;
+}
+
+void ncfsm__sim_stream_complete(sim_stream *s, uint64_t t) {
+  size_t k = (size_t)(t - s->done - 1);
+  s->fl[(s->head + k) & (s->cap - 1)] = 1;
+  while (s->enq > s->done && s->fl[s->head]) { /* FIFO: the prefix completes */
+    s->fl[s->head] = 0;
+    s->head = (s->head + 1) & (s->cap - 1);
+    s->done++;
+  }
+  s->refs--;
+  stream_maybe_free(s);
+}
+
+int ncfsm__sim_stream_create(int device, void **stream) {
+  if (!stream) return SIM_CUDA_INVALID_VALUE;
+  sim_stream *s = calloc(1, sizeof *s);
+  if (!s) return SIM_CUDA_NO_MEMORY;
+  s->magic = SIM_MAGIC_STREAM;
+  s->device = device;
+  *stream = s;
+  return 0;
+}
+
+/* Like cudaStreamDestroy: returns at once; the stream is freed once its
+ * outstanding ops completed and no event points at it. */
+int ncfsm__sim_stream_destroy(void *stream) {
+  LOCK();
+  int rc = 0;
+  if (!ncfsm__sim_stream_valid(stream)) {
+    rc = SIM_CUDA_INVALID_HANDLE;
+  } else {
+    sim_stream *s = stream;
+    s->destroyed = 1;
+    stream_maybe_free(s);
+  }
+  UNLOCK();
+  return rc;
+}
+
+int ncfsm__sim_stream_device(void *stream, int *device) {
+  if (!device) return SIM_CUDA_INVALID_VALUE;
+  if (!stream) { /* the legacy default stream: device unknown */
+    *device = -1;
+    return 0;
+  }
+  LOCK();
+  int rc = 0;
+  if (!ncfsm__sim_stream_valid(stream)) rc = SIM_CUDA_INVALID_HANDLE;
+  else *device = ((sim_stream *)stream)->device;
+  UNLOCK();
+  return rc;
+}
+
+int ncfsm__sim_event_create(int device, void **ev) {
+  if (!ev) return SIM_CUDA_INVALID_VALUE;
+  sim_event *e = calloc(1, sizeof *e);
+  if (!e) return SIM_CUDA_NO_MEMORY;
+  e->magic = SIM_MAGIC_EVENT;
+  e->device = device;
+  *ev = e;
+  return 0;
+}
+
+static void event_release_stream(sim_event *e) {
+  if (!e->s) return;
+  sim_stream *s = e->s;
+  e->s = NULL;
+  s->refs--;
+  stream_maybe_free(s);
+}
+
+/* Marks the stream's current tail. The NULL stream is not modelled as the
+ * legacy default stream: an event recorded there is complete at once. */
+int ncfsm__sim_event_record(void *ev, void *stream) {
+  LOCK();
+  int rc = 0;
+  sim_event *e = event_of(ev);
+  if (!e || (stream && !ncfsm__sim_stream_valid(stream))) {
+    rc = SIM_CUDA_INVALID_HANDLE;
+  } else {
+    event_release_stream(e);
+    e->recorded = 1;
+    e->t_ns = 0;
+    e->target = 0;
+    if (stream) {
+      sim_stream *s = stream;
+      e->s = s;
+      e->target = s->enq;
+      s->refs++;
+    }
+  }
+  UNLOCK();
+  return rc;
+}
+
+/* 1 when complete (stamping the host time of the first sighting), else 0. */
+static int event_check(sim_event *e) {
+  if (e->s && e->s->done < e->target) return 0;
+  event_release_stream(e);
+  if (!e->t_ns) e->t_ns = ncfsm__now_ns();
+  return 1;
+}
+
+int ncfsm__sim_event_query(void *ev) {
+  LOCK();
+  int rc;
+  sim_event *e = event_of(ev);
+  if (!e) {
+    rc = SIM_CUDA_INVALID_HANDLE;
+  } else {
+    ncfsm__sim_progress();
+    rc = (!e->recorded || event_check(e)) ? 0 : 1; /* never recorded: complete, as CUDA */
+  }
+  UNLOCK();
+  return rc;
+}
+
+/* HOST time between the first sightings of the two events as complete (by
+ * event_query or here), not GPU time: the sim has no device clock. */
+int ncfsm__sim_event_elapsed_ms(void *start, void *stop, float *ms) {
+  if (!ms) return SIM_CUDA_INVALID_VALUE;
+  LOCK();
+  int rc = 0;
+  sim_event *a = event_of(start), *b = event_of(stop);
+  if (!a || !b || !a->recorded || !b->recorded) {
+    rc = SIM_CUDA_INVALID_HANDLE;
+  } else {
+    ncfsm__sim_progress();
+    int ca = event_check(a), cb = event_check(b);
+    if (!ca || !cb) rc = SIM_CUDA_NOT_READY;
+    else *ms = (float)((double)((int64_t)(b->t_ns - a->t_ns)) / 1e6);
+  }
+  UNLOCK();
+  return rc;
+}
+
+int ncfsm__sim_event_destroy(void *ev) {
+  LOCK();
+  int rc = 0;
+  sim_event *e = event_of(ev);
+  if (!e) {
+    rc = SIM_CUDA_INVALID_HANDLE;
+  } else {
+    event_release_stream(e);
+    e->magic = SIM_MAGIC_DEAD;
+    free(e);
+  }
+  UNLOCK();
+  return rc;
+}

@@ -1,0 +1,458 @@
+/*
+ * ncfsm-info: what this ncfsm build finds on this machine.
+ *
+ *   ncfsm-info          human-readable report
+ *   ncfsm-info --json   the same as one JSON object
+ *
+ * Reports the ncfsm version; the NCCL headers it was built with and the NCCL
+ * runtime that dlopen finds (with its path); the CUDA runtime and driver;
+ * the visible GPUs; which optional NCCL entry points exist (R6, R7); the
+ * backend NCFSM_BACKEND=auto would pick and why; and the effective NCFSM_*
+ * configuration. Always exits 0 once the report is printed (no GPU is a
+ * finding, not an error); 2 for bad arguments, 1 when the report could not
+ * be produced.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <jansson.h>
+
+#include "core/backend.h"
+#include "core/log.h"
+#include "ncfsm.h"
+#ifdef NCFSM_HAVE_NCCL
+#include "core/nccl_dl.h"
+#endif
+
+#define MAX_GPUS 64
+
+typedef struct gpu {
+  int ordinal;
+  char name[256];
+  char pci[32];
+  unsigned long long mem;
+  int cc_major, cc_minor;
+  char note[256];
+} gpu;
+
+typedef struct optional_ep {
+  const char *name;
+  unsigned bit;
+  const char *since;
+  const char *rule;
+} optional_ep;
+
+static const optional_ep optionals[] = {
+    {"ncclCommRevoke", NCFSM__HAS_REVOKE, "2.28.7", "R6"},
+    {"ncclCommShrink", NCFSM__HAS_SHRINK, "2.27.3", "R7"},
+    {"ncclAlltoAll", NCFSM__HAS_ALLTOALL, "2.28.3", ""},
+    {"ncclGather", NCFSM__HAS_GATHER, "2.28.3", ""},
+    {"ncclScatter", NCFSM__HAS_SCATTER, "2.28.3", ""},
+};
+#define N_OPTIONALS (sizeof optionals / sizeof optionals[0])
+
+typedef struct setting {
+  const char *env;
+  char value[128];   /* effective */
+  const char *raw;   /* getenv, NULL when unset */
+  const char *note;  /* "" or why the raw value was not used */
+} setting;
+
+#define N_SETTINGS 11
+
+typedef struct report {
+  int have_nccl_build;
+  int header_nccl, header_cudart;
+  int nccl_loaded, nccl_version;
+  char nccl_path[1024], nccl_why[512];
+  unsigned features;
+  int cudart_loaded, cudart_version, driver_version, has_stream_get_device;
+  char cudart_path[1024], cudart_why[512];
+  int ngpus;
+  char gpu_why[512];
+  gpu gpus[MAX_GPUS];
+  int open_rc;
+  char open_why[512];
+  const char *auto_pick;
+  char auto_why[640];
+  const char *env_pick; /* what NCFSM_BACKEND as set resolves to (NULL: error) */
+  char env_why[512];
+  setting settings[N_SETTINGS];
+} report;
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+static void cuda_ver(int v, char *buf, size_t len) {
+  if (v <= 0) snprintf(buf, len, "none");
+  else snprintf(buf, len, "%d.%d", v / 1000, v % 1000 / 10);
+}
+
+static void nccl_ver(int code, char *buf, size_t len) {
+  if (code <= 0) snprintf(buf, len, "unknown");
+  else if (code >= 10000) snprintf(buf, len, "%d.%d.%d", code / 10000, code % 10000 / 100, code % 100);
+  else snprintf(buf, len, "%d.%d.%d", code / 1000, code % 1000 / 100, code % 100);
+}
+
+static const char *level_name(int lvl) {
+  static const char *names[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE"};
+  return lvl >= 0 && lvl <= NCFSM__LOG_TRACE ? names[lvl] : "?";
+}
+
+static void subsys_names(unsigned mask, char *buf, size_t len) {
+  static const struct { const char *name; unsigned bit; } names[] = {
+      {"FSM", NCFSM__SUB_FSM}, {"LOOP", NCFSM__SUB_LOOP}, {"BACKEND", NCFSM__SUB_BACKEND},
+      {"SIM", NCFSM__SUB_SIM}, {"BOOT", NCFSM__SUB_BOOT}};
+  if (mask == NCFSM__SUB_ALL) {
+    snprintf(buf, len, "ALL");
+    return;
+  }
+  size_t off = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (mask & names[i].bit) {
+      int n = snprintf(buf + off, len - off, "%s%s", off ? "," : "", names[i].name);
+      if (n < 0 || (size_t)n >= len - off) break;
+      off += (size_t)n;
+    }
+}
+
+/* Numeric settings: the library silently uses the default for a value that
+ * does not parse; say so. */
+static const char *numeric_note(const char *raw) {
+  if (!raw || !*raw) return "";
+  char *end;
+  errno = 0;
+  (void)strtoll(raw, &end, 0);
+  return *end || errno ? "not a number: the default is used" : "";
+}
+
+static const char *choice_note(const char *raw, const char *const *choices) {
+  if (!raw || !*raw) return "";
+  for (; *choices; choices++)
+    if (!strcmp(raw, *choices)) return "";
+  return "unknown value: the default is used";
+}
+
+static const char *choice_note_ci(const char *raw, const char *const *choices) {
+  if (!raw || !*raw) return "";
+  for (; *choices; choices++)
+    if (!strcasecmp(raw, *choices)) return "";
+  return "unknown value: ignored";
+}
+
+static void set(setting *s, const char *env, const char *note, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void set(setting *s, const char *env, const char *note, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->value, sizeof s->value, fmt, ap);
+  va_end(ap);
+  s->env = env;
+  s->raw = getenv(env);
+  s->note = note ? note : "";
+}
+
+/* ---- gathering ----------------------------------------------------------------------------- */
+
+static void gather_settings(report *r) {
+  ncfsm_comm_opts co;
+  ncfsm_loop_opts lo;
+  ncfsm_comm_opts_init(&co);
+  ncfsm_loop_opts_init(&lo);
+  ncfsm__log_init();
+  static const char *const backends[] = {"auto", "sim", "nccl", "null", NULL};
+  static const char *const on_error[] = {"abort", "stay", "exit", NULL};
+  static const char *const overlap[] = {"reject", "warn", "off", NULL};
+  static const char *const levels[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE", NULL};
+  setting *s = r->settings;
+  const char *be = ncfsm__env_str("NCFSM_BACKEND", "auto");
+  set(s++, "NCFSM_BACKEND", choice_note_ci(getenv("NCFSM_BACKEND"), backends), "%s", be);
+  set(s++, "NCFSM_BLOCKING", numeric_note(getenv("NCFSM_BLOCKING")), "%d", co.blocking);
+  set(s++, "NCFSM_DEVICE", numeric_note(getenv("NCFSM_DEVICE")), "%d", co.device);
+  set(s++, "NCFSM_TIMEOUT_MS", numeric_note(getenv("NCFSM_TIMEOUT_MS")), "%llu%s",
+      (unsigned long long)co.timeout_ms, co.timeout_ms ? "" : " (off)");
+  set(s++, "NCFSM_ON_ERROR", choice_note(getenv("NCFSM_ON_ERROR"), on_error), "%s",
+      co.on_error == NCFSM_ON_ERROR_STAY ? "stay" : co.on_error == NCFSM_ON_ERROR_EXIT ? "exit" : "abort");
+  set(s++, "NCFSM_OVERLAP", choice_note(getenv("NCFSM_OVERLAP"), overlap), "%s",
+      lo.overlap == NCFSM_OVERLAP_WARN ? "warn" : lo.overlap == NCFSM_OVERLAP_OFF ? "off" : "reject");
+  set(s++, "NCFSM_POLL_BURST", numeric_note(getenv("NCFSM_POLL_BURST")), "%u", lo.poll_burst);
+  set(s++, "NCFSM_POLL_MAX_US", numeric_note(getenv("NCFSM_POLL_MAX_US")), "%u", lo.poll_max_us);
+  set(s++, "NCFSM_COALESCE_MAX", numeric_note(getenv("NCFSM_COALESCE_MAX")), "%u%s", lo.coalesce_max,
+      lo.coalesce_max == 1 ? " (off)" : "");
+  set(s++, "NCFSM_DEBUG", choice_note_ci(getenv("NCFSM_DEBUG"), levels), "%s", level_name(ncfsm__log_level));
+  char sub[128];
+  subsys_names(ncfsm__log_subsys, sub, sizeof sub);
+  set(s++, "NCFSM_DEBUG_SUBSYS", "", "%s", sub);
+}
+
+static void gather(report *r) {
+  memset(r, 0, sizeof *r);
+#ifdef NCFSM_HAVE_NCCL
+  r->have_nccl_build = 1;
+  ncfsm__nccl_info in;
+  ncfsm__nccl_get_info(&in);
+  r->header_nccl = in.header_nccl_version;
+  r->header_cudart = in.header_cudart_version;
+  r->nccl_loaded = in.nccl_loaded;
+  r->nccl_version = in.nccl_version;
+  snprintf(r->nccl_path, sizeof r->nccl_path, "%s", in.nccl_path);
+  snprintf(r->nccl_why, sizeof r->nccl_why, "%s", in.nccl_why);
+  r->features = in.features;
+  r->cudart_loaded = in.cudart_loaded;
+  r->cudart_version = in.cudart_version;
+  r->driver_version = in.driver_version;
+  r->has_stream_get_device = in.has_stream_get_device;
+  snprintf(r->cudart_path, sizeof r->cudart_path, "%s", in.cudart_path);
+  snprintf(r->cudart_why, sizeof r->cudart_why, "%s", in.cudart_why);
+  r->open_rc = in.open_rc;
+  snprintf(r->open_why, sizeof r->open_why, "%s", in.open_why);
+  if (!in.cudart_loaded) snprintf(r->gpu_why, sizeof r->gpu_why, "%s", in.cudart_why);
+  else if (in.device_count <= 0) snprintf(r->gpu_why, sizeof r->gpu_why, "%s", in.device_why);
+  r->ngpus = in.device_count < MAX_GPUS ? in.device_count : MAX_GPUS;
+  for (int i = 0; i < r->ngpus; i++) {
+    ncfsm__nccl_device_info di;
+    gpu *g = &r->gpus[i];
+    ncfsm__nccl_device_info_get(i, &di, g->note, sizeof g->note);
+    g->ordinal = i;
+    snprintf(g->name, sizeof g->name, "%s", di.name);
+    snprintf(g->pci, sizeof g->pci, "%s", di.pci_bus_id);
+    g->mem = (unsigned long long)di.total_mem;
+    g->cc_major = di.cc_major;
+    g->cc_minor = di.cc_minor;
+  }
+  /* NCFSM_BACKEND=auto, as core/backend.c decides it. */
+  if (!in.open_rc) {
+    r->auto_pick = "nccl";
+    char v[32];
+    nccl_ver(in.nccl_version, v, sizeof v);
+    snprintf(r->auto_why, sizeof r->auto_why, "NCCL %s loaded and %d CUDA device(s) visible", v, in.device_count);
+  } else {
+    r->auto_pick = "sim";
+    snprintf(r->auto_why, sizeof r->auto_why, "nccl backend unavailable: %s", in.open_why);
+  }
+#else
+  r->open_rc = 1;
+  snprintf(r->open_why, sizeof r->open_why,
+           "this build has no nccl backend (CUDA toolkit/NCCL not found at configure time)");
+  snprintf(r->gpu_why, sizeof r->gpu_why, "no nccl backend in this build: GPUs are not probed");
+  r->auto_pick = "sim";
+  snprintf(r->auto_why, sizeof r->auto_why, "%s", r->open_why);
+#endif
+  /* What the environment as set resolves to (NCFSM_BACKEND may force one). */
+  const ncfsm__backend *be = ncfsm__backend_get(NCFSM_BACKEND_AUTO, r->env_why, sizeof r->env_why);
+  r->env_pick = be ? be->name : NULL;
+  gather_settings(r);
+}
+
+/* ---- text ----------------------------------------------------------------------------------- */
+
+static void print_text(const report *r) {
+  char a[32], b[32];
+  printf("ncfsm %d.%d.%d\n", NCFSM_VERSION_MAJOR, NCFSM_VERSION_MINOR, NCFSM_VERSION_PATCH);
+  if (r->have_nccl_build) {
+    nccl_ver(r->header_nccl, a, sizeof a);
+    cuda_ver(r->header_cudart, b, sizeof b);
+    printf("build:   nccl backend yes (NCCL headers %s, CUDA runtime headers %s; both loaded with dlopen)\n", a, b);
+  } else {
+    printf("build:   nccl backend no (CUDA toolkit/NCCL not found at configure time)\n");
+  }
+
+  printf("\nNCCL\n");
+  if (!r->have_nccl_build) printf("  not probed (no nccl backend in this build)\n");
+  else if (r->nccl_loaded) {
+    nccl_ver(r->nccl_version, a, sizeof a);
+    printf("  runtime  %s (ncclGetVersion %d)\n  library  %s\n", a, r->nccl_version, r->nccl_path);
+    if (r->header_nccl != r->nccl_version) {
+      nccl_ver(r->header_nccl, b, sizeof b);
+      printf("  note     runtime %s differs from the headers %s: optional entry points are resolved at run time\n",
+             a, b);
+    }
+  } else {
+    printf("  not loaded: %s\n", r->nccl_why);
+  }
+
+  printf("\nCUDA\n");
+  if (!r->have_nccl_build) printf("  not probed (no nccl backend in this build)\n");
+  else if (r->cudart_loaded) {
+    cuda_ver(r->cudart_version, a, sizeof a);
+    cuda_ver(r->driver_version, b, sizeof b);
+    printf("  runtime  %s (%s)\n  driver   %s%s\n", a, r->cudart_path, b,
+           r->driver_version <= 0 ? " (no NVIDIA driver found)" : "");
+    printf("  cudaStreamGetDevice  %s\n", r->has_stream_get_device ? "yes" : "no (CUDA < 12.8: stream devices are not checked)");
+  } else {
+    printf("  runtime not loaded: %s\n", r->cudart_why);
+  }
+
+  printf("\nGPUs\n");
+  if (r->ngpus <= 0) printf("  no CUDA device visible%s%s\n", r->gpu_why[0] ? ": " : "", r->gpu_why);
+  for (int i = 0; i < r->ngpus; i++) {
+    const gpu *g = &r->gpus[i];
+    printf("  %d  %-28s  pci %-14s  %6.1f GiB  sm_%d%d%s%s\n", g->ordinal, g->name[0] ? g->name : "(name unknown)",
+           g->pci, (double)g->mem / (1024.0 * 1024.0 * 1024.0), g->cc_major, g->cc_minor,
+           g->note[0] ? "  " : "", g->note);
+  }
+
+  printf("\nOptional NCCL entry points\n");
+  for (size_t i = 0; i < N_OPTIONALS; i++) {
+    const optional_ep *o = &optionals[i];
+    printf("  %-16s %-4s (NCCL >= %s%s%s)\n", o->name,
+           !r->nccl_loaded ? "?" : (r->features & o->bit) ? "yes" : "no", o->since, o->rule[0] ? ", " : "",
+           o->rule);
+  }
+
+  printf("\nBackend\n");
+  printf("  NCFSM_BACKEND=auto picks  %s: %s\n", r->auto_pick, r->auto_why);
+  if (r->env_pick)
+    printf("  as configured             %s (NCFSM_BACKEND=%s)\n", r->env_pick,
+           getenv("NCFSM_BACKEND") ? getenv("NCFSM_BACKEND") : "unset");
+  else
+    printf("  as configured             none: %s\n", r->env_why);
+
+  printf("\nConfiguration (effective value; environment)\n");
+  for (int i = 0; i < N_SETTINGS; i++) {
+    const setting *s = &r->settings[i];
+    printf("  %-20s %-14s %s%s%s%s%s\n", s->env, s->value, s->raw ? "set: \"" : "default", s->raw ? s->raw : "",
+           s->raw ? "\"" : "", s->note[0] ? "; " : "", s->note);
+  }
+}
+
+/* ---- json ------------------------------------------------------------------------------------ */
+
+static json_t *jstr_or_null(const char *s) { return s && *s ? json_string(s) : json_null(); }
+
+static json_t *to_json(const report *r) {
+  char a[32];
+  json_t *root = json_object();
+  snprintf(a, sizeof a, "%d.%d.%d", NCFSM_VERSION_MAJOR, NCFSM_VERSION_MINOR, NCFSM_VERSION_PATCH);
+  json_object_set_new(root, "ncfsm_version", json_string(a));
+
+  json_t *build = json_object();
+  json_object_set_new(build, "nccl_backend", json_boolean(r->have_nccl_build));
+  if (r->have_nccl_build) {
+    nccl_ver(r->header_nccl, a, sizeof a);
+    json_object_set_new(build, "nccl_header_version", json_string(a));
+    json_object_set_new(build, "nccl_header_version_code", json_integer(r->header_nccl));
+    json_object_set_new(build, "cudart_header_version", json_integer(r->header_cudart));
+  }
+  json_object_set_new(root, "build", build);
+
+  json_t *nccl = json_object();
+  json_object_set_new(nccl, "loaded", json_boolean(r->nccl_loaded));
+  if (r->nccl_loaded) {
+    nccl_ver(r->nccl_version, a, sizeof a);
+    json_object_set_new(nccl, "version", json_string(a));
+    json_object_set_new(nccl, "version_code", json_integer(r->nccl_version));
+    json_object_set_new(nccl, "library", json_string(r->nccl_path));
+  } else {
+    json_object_set_new(nccl, "error", jstr_or_null(r->have_nccl_build ? r->nccl_why : "not probed"));
+  }
+  json_t *opt = json_object();
+  for (size_t i = 0; i < N_OPTIONALS; i++) {
+    json_t *o = json_object();
+    json_object_set_new(o, "present",
+                        r->nccl_loaded ? json_boolean((r->features & optionals[i].bit) != 0) : json_null());
+    json_object_set_new(o, "since", json_string(optionals[i].since));
+    if (optionals[i].rule[0]) json_object_set_new(o, "rule", json_string(optionals[i].rule));
+    json_object_set_new(opt, optionals[i].name, o);
+  }
+  json_object_set_new(nccl, "optional", opt);
+  json_object_set_new(root, "nccl", nccl);
+
+  json_t *cuda = json_object();
+  json_object_set_new(cuda, "loaded", json_boolean(r->cudart_loaded));
+  if (r->cudart_loaded) {
+    json_object_set_new(cuda, "runtime_version", json_integer(r->cudart_version));
+    json_object_set_new(cuda, "driver_version", json_integer(r->driver_version));
+    json_object_set_new(cuda, "library", json_string(r->cudart_path));
+    json_object_set_new(cuda, "stream_get_device", json_boolean(r->has_stream_get_device));
+  } else {
+    json_object_set_new(cuda, "error", jstr_or_null(r->have_nccl_build ? r->cudart_why : "not probed"));
+  }
+  json_object_set_new(root, "cuda", cuda);
+
+  json_t *gpus = json_array();
+  for (int i = 0; i < r->ngpus; i++) {
+    const gpu *g = &r->gpus[i];
+    char cc[16];
+    snprintf(cc, sizeof cc, "%d.%d", g->cc_major, g->cc_minor);
+    json_t *o = json_object();
+    json_object_set_new(o, "ordinal", json_integer(g->ordinal));
+    json_object_set_new(o, "name", jstr_or_null(g->name));
+    json_object_set_new(o, "pci_bus_id", jstr_or_null(g->pci));
+    json_object_set_new(o, "memory_bytes", json_integer((json_int_t)g->mem));
+    json_object_set_new(o, "compute_capability", json_string(cc));
+    if (g->note[0]) json_object_set_new(o, "note", json_string(g->note));
+    json_array_append_new(gpus, o);
+  }
+  json_object_set_new(root, "gpus", gpus);
+  json_object_set_new(root, "gpus_error", r->ngpus > 0 ? json_null() : jstr_or_null(r->gpu_why));
+
+  json_t *be = json_object();
+  json_object_set_new(be, "auto", json_string(r->auto_pick));
+  json_object_set_new(be, "auto_reason", json_string(r->auto_why));
+  json_object_set_new(be, "configured", jstr_or_null(r->env_pick));
+  if (!r->env_pick) json_object_set_new(be, "configured_error", json_string(r->env_why));
+  json_object_set_new(root, "backend", be);
+
+  json_t *cfg = json_object();
+  for (int i = 0; i < N_SETTINGS; i++) {
+    const setting *s = &r->settings[i];
+    json_t *o = json_object();
+    json_object_set_new(o, "value", json_string(s->value));
+    json_object_set_new(o, "env", s->raw ? json_string(s->raw) : json_null());
+    if (s->note[0]) json_object_set_new(o, "note", json_string(s->note));
+    json_object_set_new(cfg, s->env, o);
+  }
+  json_object_set_new(root, "config", cfg);
+  return root;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: ncfsm-info [--json]\n"
+             "  prints the ncfsm version, the NCCL and CUDA runtimes found with dlopen, the visible\n"
+             "  GPUs, the optional NCCL entry points, the backend NCFSM_BACKEND=auto would pick and\n"
+             "  the effective NCFSM_* configuration\n"
+             "  --json  one JSON object instead of text\n");
+}
+
+int main(int argc, char **argv) {
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "ncfsm-info: unknown argument '%s'\n", argv[i]);
+      usage(stderr);
+      return 2;
+    }
+  }
+  report *r = calloc(1, sizeof *r);
+  if (!r) {
+    fprintf(stderr, "ncfsm-info: out of memory\n");
+    return 1;
+  }
+  gather(r);
+  int rc = 0;
+  if (json) {
+    json_t *root = to_json(r);
+    char *s = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
+    if (s) {
+      printf("%s\n", s);
+      free(s);
+    } else {
+      fprintf(stderr, "ncfsm-info: could not encode JSON\n");
+      rc = 1;
+    }
+    json_decref(root);
+  } else {
+    print_text(r);
+  }
+  free(r);
+  return rc;
+}
