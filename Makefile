@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-asan test-gpu bench docs clean
+.PHONY: all deps configure build demo test test-asan test-tsan test-gpu bench docs clean
 
 all: build
 
@@ -24,10 +24,13 @@ build: configure
 demo: build
 	@scripts/demo.sh $(BUILD)
 
-# Unit, golden, multi-process and fuzz tests, then the same suite under ASan+UBSan.
+# Unit, golden, multi-process and fuzz tests, then the same suite under
+# ASan+UBSan, then the threaded paths under TSan.
+TSAN_BUILD ?= build-tsan
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
 	$(MAKE) test-asan
+	$(MAKE) test-tsan
 
 test-asan: | deps
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNCFSM_WERROR=ON \
@@ -36,6 +39,13 @@ test-asan: | deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 300 -LE 'gpu|fuzz|bench'
+
+test-tsan: | deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNCFSM_WERROR=ON \
+	  -DNCFSM_SANITIZE=thread $(CMAKE_FLAGS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -j $(JOBS) --timeout 300 -L threads
 
 test-gpu: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu

@@ -5,9 +5,9 @@ BIN=${1:-build/bench/engine_overhead}
 OUT=$(mktemp -d)
 valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$OUT/cg.%p" "$BIN" --callgrind >/dev/null 2>"$OUT/log"
 for f in "$OUT"/cg.*; do
-  part=$(grep -m1 '^desc: Trigger' "$f" | sed 's/.*Client Request: //')
+  part=$(grep -m1 '^desc: Trigger: Client Request' "$f" | sed 's/.*Client Request: //' || true)
   [ -n "$part" ] || continue
-  total=$(grep -m1 '^summary:' "$f" | awk '{print $2}')
+  total=$(grep -m1 '^totals:' "$f" | awk '{print $2}')
   ops=$(echo "$part" | sed -E 's/.*_([0-9]+)_ops/\1/')
   printf "%-24s %12s instructions  %8.0f per op\n" "$part" "$total" "$(echo "$total / $ops" | bc -l)"
 done

@@ -7,9 +7,12 @@
  *   valgrind --tool=callgrind --collect-atstart=no engine_overhead --callgrind
  *                                              instructions for a measured block
  *
- * Two submission patterns: "burst" (submit N ops, then run the loop once to
- * completion: coalesced launches) and "pingpong" (submit one op, run until
- * it completes: one launch per op, the latency path).
+ * Three submission patterns:
+ *   pingpong  submit one op, run the loop until it completes (the latency path)
+ *   burst     submit N ops on ONE buffer, then run the loop: R12 keeps dependent
+ *             ops apart, so each op is its own launch
+ *   coalesce  submit N ops over 64 distinct buffers, then run the loop: up to
+ *             coalesce_max (64) ops share one backend group
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +41,15 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 static float buf[16];
+static float ring[64][2];
+
+static void coalesce(ncfsm_loop *loop, ncfsm_comm *c, long n) {
+  for (long i = 0; i < n; i++)
+    if (ncfsm_allreduce(c, ring[i & 63], ring[i & 63], 1, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                        NULL) != NCFSM_OK)
+      abort();
+  ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT);
+}
 
 static void burst(ncfsm_loop *loop, ncfsm_comm *c, long n) {
   for (long i = 0; i < n; i++)
@@ -74,12 +86,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   burst(loop, c, 1000); /* warm the work and event free lists */
+  coalesce(loop, c, 1000);
   pingpong(loop, c, 1000);
 
   struct { const char *name; void (*fn)(ncfsm_loop *, ncfsm_comm *, long); } pat[] = {
-      {"burst", burst}, {"pingpong", pingpong}};
+      {"pingpong", pingpong}, {"burst", burst}, {"coalesce", coalesce}};
+  const int npat = (int)(sizeof pat / sizeof pat[0]);
   if (callgrind) {
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < npat; p++) {
       CALLGRIND_ZERO_STATS;
       CALLGRIND_TOGGLE_COLLECT;
       pat[p].fn(loop, c, n);
@@ -88,11 +102,11 @@ int main(int argc, char **argv) {
       snprintf(name, sizeof name, "%s_%ld_ops", pat[p].name, n);
       CALLGRIND_DUMP_STATS_AT(name);
     }
-    printf("callgrind: dumped '%s' and '%s' blocks of %ld ops each\n", "burst", "pingpong", n);
+    printf("callgrind: dumped %d blocks of %ld ops each\n", npat, n);
   } else {
     printf("%-10s %10s %12s %12s   (%d runs of %ld ops, null backend)\n", "pattern", "ns/op", "min", "max",
            runs, n);
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < npat; p++) {
       double t[64];
       if (runs > 64) runs = 64;
       for (int r = 0; r < runs; r++) {

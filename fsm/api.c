@@ -142,9 +142,9 @@ ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_
     c->rank = rank;
     c->uid = *id;
     ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_start_init: issued at the next turn */
+    ncfsm__loop_wake(loop);
   }
   UNLOCK(loop);
-  if (r == NCFSM_OK) ncfsm__loop_wake(loop);
   return r;
 }
 
@@ -272,9 +272,11 @@ ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *c) {
   LOCK(loop);
   ncfsm_result_t r = NCFSM_OK;
   if (check_legal(c, NCFSM_CALL_FINALIZE) == NCFSM_REJECT) r = NCFSM_ERR_ILLEGAL_STATE;
-  else ncfsm__fire(c, NCFSM_EV_FINALIZE, NCFSM_OK); /* act_finalize_after_queue (R4) */
+  else {
+    ncfsm__fire(c, NCFSM_EV_FINALIZE, NCFSM_OK); /* act_finalize_after_queue (R4) */
+    ncfsm__loop_wake(loop);
+  }
   UNLOCK(loop);
-  if (r == NCFSM_OK) ncfsm__loop_wake(loop);
   return r;
 }
 
@@ -305,8 +307,8 @@ static ncfsm_result_t on_loop(ncfsm_comm *c, ncfsm_result_t (*fn)(ncfsm_comm *))
   LOCK(loop);
   if (ncfsm__loop_can_drive(loop)) {
     ncfsm_result_t r = fn(c);
-    UNLOCK(loop);
     ncfsm__loop_wake(loop); /* deliver the callbacks this produced */
+    UNLOCK(loop);
     return r;
   }
   UNLOCK(loop);
@@ -503,8 +505,8 @@ ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
     c->npending++;
   }
   if (batch) ncfsm__batch_append(loop, batch); /* act_queue_group */
-  UNLOCK(loop);
   if (works) ncfsm__loop_wake(loop);
+  UNLOCK(loop);
   return err;
 }
 
@@ -621,6 +623,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   w->magic = NCFSM__WORK_MAGIC;
   w->comm = c;
   w->op = *o;
+  ncfsm__work_spans(w);
   w->cb = cb;
   w->arg = arg;
   w->status = NCFSM_ERR_AGAIN;
@@ -665,8 +668,8 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
     loop->trace(&rec, loop->trace_arg);
   }
   if (out) *out = w;
-  UNLOCK(loop);
   if (wake) ncfsm__loop_wake(loop);
+  UNLOCK(loop);
   return NCFSM_OK;
 }
 

@@ -17,6 +17,7 @@
 
 typedef struct ncfsm__mark ncfsm__mark;
 typedef struct ncfsm__batch ncfsm__batch;
+typedef struct ncfsm__spanset ncfsm__spanset;
 
 /* A completion event shared by the works of one launch on one stream. */
 struct ncfsm__mark {
@@ -35,12 +36,20 @@ struct ncfsm__batch {
   ncfsm__batch *next;
 };
 
+/* A buffer range an op touches on its rank (R12 checks). */
+typedef struct ncfsm__span {
+  uintptr_t lo, hi;
+  bool write;
+} ncfsm__span;
+
 struct ncfsm_work {
   uint32_t magic;
   int refs; /* the user's (if it asked for the handle) + the engine's */
   ncfsm_comm *comm;
   ncfsm__op op;
   ncfsm_fingerprint_t fp;
+  ncfsm__span span[2]; /* computed at submit */
+  int nspan;
   ncfsm_work_state_t state;
   ncfsm_result_t status;
   int backend_code;
@@ -83,7 +92,7 @@ struct ncfsm_comm {
   int async_code;     /* backend async error when in ERROR */
   ncfsm_result_t cause;
   int npending;       /* works queued in batches, not launched */
-  ncfsm_work *launching; /* handed to NCCL, launch not final yet */
+  ncfsm_work *launching, *launching_tail; /* handed to NCCL, launch not final yet */
   ncfsm__squeue *sq;  /* in-flight works per stream */
   int nsq, capsq;
   ncfsm__mark *free_marks;
@@ -111,6 +120,7 @@ struct ncfsm_loop {
   struct event *ev_wake; /* cross-thread wakeup, launches, notifications */
   struct event *ev_poll; /* progress timer */
   bool poll_armed;
+  bool kick;             /* something needs a turn (launch, init, abort, finalize) */
   unsigned poll_iter;
   ncfsm_loop_opts opts;
   pthread_t runner;      /* thread inside the loop (valid when running) */
@@ -132,6 +142,7 @@ struct ncfsm_loop {
   ncfsm_trace_fn trace;
   void *trace_arg;
   ncfsm_work *free_works;
+  ncfsm__spanset *spans; /* the launcher's R12 check */
   char last_error[512];
 };
 
@@ -161,7 +172,7 @@ void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec);
 /* engine.c (all with loop->mu held) */
 void ncfsm__comm_drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
 void ncfsm__fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t result);
-void ncfsm__launch(ncfsm_loop *loop);
+bool ncfsm__launch(ncfsm_loop *loop); /* true when something was launched */
 void ncfsm__progress(ncfsm_loop *loop);
 void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status);
 void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st);
@@ -174,6 +185,9 @@ void ncfsm__comm_unref(ncfsm_comm *c);
 void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* R12: the first pair of works in [a] (linked through bnext) on one comm
  * whose buffers overlap where one writes; false when none. */
+ncfsm__spanset *ncfsm__spanset_new(unsigned max_ops);
+void ncfsm__spanset_free(ncfsm__spanset *ss);
+void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
 bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
 
 #endif

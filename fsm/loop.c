@@ -35,7 +35,15 @@ bool ncfsm__loop_can_drive(ncfsm_loop *loop) {
   return loop->running == 0 || pthread_equal(loop->runner, pthread_self());
 }
 
-void ncfsm__loop_wake(ncfsm_loop *loop) { event_active(loop->ev_wake, EV_READ, 0); }
+/* Wake the thread that runs the loop. A loop with its own base that nobody
+ * is running needs no wakeup: ncfsm_loop_run turns it directly when it finds
+ * queued work, which saves a libevent round trip per op. Called with mu held. */
+void ncfsm__loop_wake(ncfsm_loop *loop) {
+  loop->kick = true;
+  if (loop->own_base && (loop->running == 0 || pthread_equal(loop->runner, pthread_self())))
+    return;
+  event_active(loop->ev_wake, EV_READ, 0);
+}
 
 void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec) {
   if (loop->trace) loop->trace(rec, loop->trace_arg);
@@ -59,7 +67,8 @@ void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
   evtimer_add(loop->ev_poll, &tv);
 }
 
-/* Deliver queued callbacks with the lock dropped (callbacks may call ncfsm). */
+/* Deliver queued callbacks with the lock dropped (callbacks may call ncfsm);
+ * the references they held are dropped under one lock afterwards. */
 void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
   while (loop->notify_head || loop->snote_head || loop->calls_head) {
     struct ncfsm__state_note *sn = loop->snote_head;
@@ -69,25 +78,11 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
     loop->notify_head = loop->notify_tail = NULL;
     loop->calls_head = loop->calls_tail = NULL;
     pthread_mutex_unlock(&loop->mu);
-    while (sn) {
-      struct ncfsm__state_note *n = sn->next;
-      if (sn->comm->opts.on_state)
-        sn->comm->opts.on_state(sn->comm, sn->from, sn->to, sn->ev, sn->comm->opts.on_state_arg);
-      pthread_mutex_lock(&loop->mu);
-      ncfsm__comm_unref(sn->comm);
-      pthread_mutex_unlock(&loop->mu);
-      free(sn);
-      sn = n;
-    }
-    while (w) {
-      ncfsm_work *n = w->next;
-      if (w->cb) w->cb(w, w->status, w->arg);
-      pthread_mutex_lock(&loop->mu);
-      w->delivered = true;
-      ncfsm__work_unref(w);
-      pthread_mutex_unlock(&loop->mu);
-      w = n;
-    }
+    for (struct ncfsm__state_note *n = sn; n; n = n->next)
+      if (n->comm->opts.on_state)
+        n->comm->opts.on_state(n->comm, n->from, n->to, n->ev, n->comm->opts.on_state_arg);
+    for (ncfsm_work *x = w; x; x = x->next)
+      if (x->cb) x->cb(x, x->status, x->arg);
     while (cr) {
       ncfsm__call_req *n = cr->next;
       cr->fn(cr->arg);
@@ -95,6 +90,18 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
       cr = n;
     }
     pthread_mutex_lock(&loop->mu);
+    while (sn) {
+      struct ncfsm__state_note *n = sn->next;
+      ncfsm__comm_unref(sn->comm);
+      free(sn);
+      sn = n;
+    }
+    while (w) {
+      ncfsm_work *n = w->next;
+      w->delivered = true;
+      ncfsm__work_unref(w);
+      w = n;
+    }
   }
   pthread_cond_broadcast(&loop->cv);
 }
@@ -103,8 +110,12 @@ static void turn(ncfsm_loop *loop, bool poll) {
   pthread_mutex_lock(&loop->mu);
   set_runner(loop);
   if (poll) loop->poll_armed = false;
+  loop->kick = false;
   ncfsm__progress(loop);
-  ncfsm__launch(loop);
+  if (ncfsm__launch(loop)) {
+    ncfsm__progress(loop); /* fast ops may be done already */
+    if (loop->bq_head) loop->kick = true; /* the next batch may go at once */
+  }
   ncfsm__loop_flush_notes(loop);
   /* A callback may have submitted work: launch it in this turn. */
   if (loop->bq_head) {
@@ -141,15 +152,21 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   }
   loop->base = base;
   loop->own_base = own;
+  /* Not recursive: engine functions expect the lock held and never retake
+   * it; debug builds catch a violation. */
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
-  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+#ifndef NDEBUG
+  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK);
+#endif
   pthread_mutex_init(&loop->mu, &a);
   pthread_mutexattr_destroy(&a);
   pthread_cond_init(&loop->cv, NULL);
   loop->ev_wake = event_new(base, -1, 0, on_wake, loop);
   loop->ev_poll = evtimer_new(base, on_poll, loop);
-  if (!loop->ev_wake || !loop->ev_poll) {
+  loop->spans = ncfsm__spanset_new(loop->opts.coalesce_max);
+  if (!loop->ev_wake || !loop->ev_poll || !loop->spans) {
+    ncfsm__spanset_free(loop->spans);
     if (loop->ev_wake) event_free(loop->ev_wake);
     if (loop->ev_poll) event_free(loop->ev_poll);
     if (own) event_base_free(base);
@@ -179,7 +196,7 @@ struct event_base *ncfsm_loop_base(ncfsm_loop *loop) {
 }
 
 bool ncfsm__loop_pending(ncfsm_loop *loop) {
-  if ((loop->bq_head && loop->group_depth == 0) || loop->notify_head || loop->snote_head || loop->calls_head) return true;
+  if (loop->kick || (loop->bq_head && loop->group_depth == 0) || loop->notify_head || loop->snote_head || loop->calls_head) return true;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     switch (c->state) {
       case NCFSM_STATE_INIT_IN_PROGRESS:
@@ -209,11 +226,16 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   pthread_mutex_unlock(&loop->mu);
   for (;;) {
     pthread_mutex_lock(&loop->mu);
-    bool pending = ncfsm__loop_pending(loop);
+    bool direct = loop->kick || loop->notify_head || loop->snote_head || loop->calls_head;
+    bool pending = direct || ncfsm__loop_pending(loop);
     pthread_mutex_unlock(&loop->mu);
-    if (mode == NCFSM_RUN_DEFAULT && !pending) return NCFSM_OK;
-    int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK : EVLOOP_ONCE;
-    if (event_base_loop(loop->base, flags) < 0) return NCFSM_ERR_SYSTEM;
+    if (direct) {
+      turn(loop, false); /* queued work: no need to go through libevent */
+    } else {
+      if (mode == NCFSM_RUN_DEFAULT && !pending) return NCFSM_OK;
+      int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK : EVLOOP_ONCE;
+      if (event_base_loop(loop->base, flags) < 0) return NCFSM_ERR_SYSTEM;
+    }
     if (mode != NCFSM_RUN_DEFAULT) return NCFSM_OK;
   }
 }
@@ -223,9 +245,11 @@ static void *loop_thread_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&loop->mu);
     bool stop = loop->thread_stop;
+    bool direct = loop->kick || loop->notify_head || loop->snote_head || loop->calls_head;
     pthread_mutex_unlock(&loop->mu);
     if (stop) break;
-    event_base_loop(loop->base, EVLOOP_ONCE | EVLOOP_NO_EXIT_ON_EMPTY);
+    if (direct) turn(loop, false); /* work queued before the thread started */
+    else event_base_loop(loop->base, EVLOOP_ONCE | EVLOOP_NO_EXIT_ON_EMPTY);
   }
   return NULL;
 }
@@ -284,8 +308,9 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) 
   if (loop->calls_tail) loop->calls_tail->next = r;
   else loop->calls_head = r;
   loop->calls_tail = r;
+  /* Always through libevent: the caller may be waiting for another thread. */
+  event_active(loop->ev_wake, EV_READ, 0);
   pthread_mutex_unlock(&loop->mu);
-  ncfsm__loop_wake(loop);
   return NCFSM_OK;
 }
 
@@ -324,6 +349,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   pthread_mutex_unlock(&loop->mu);
   event_free(loop->ev_wake);
   event_free(loop->ev_poll);
+  ncfsm__spanset_free(loop->spans);
   if (loop->own_base) event_base_free(loop->base);
   pthread_mutex_destroy(&loop->mu);
   pthread_cond_destroy(&loop->cv);
