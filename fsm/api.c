@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "fsm/internal.h"
+#include "ncfsm/bootstrap.h"
 
 #define LOCK(l) pthread_mutex_lock(&(l)->mu)
 #define UNLOCK(l) pthread_mutex_unlock(&(l)->mu)
@@ -146,6 +147,54 @@ ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_
   }
   UNLOCK(loop);
   return r;
+}
+
+static void uid_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
+  ncfsm_comm *c = arg;
+  (void)req;
+  (void)status;
+  pthread_mutex_lock(&c->loop->mu);
+  ncfsm__loop_wake(c->loop); /* the next turn takes the id and issues the init */
+  pthread_mutex_unlock(&c->loop->mu);
+}
+
+ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
+  if (!comm_ok(c) || !boot) return NCFSM_ERR_INVALID_ARGUMENT;
+  int rank = ncfsm_boot_rank(boot), size = ncfsm_boot_size(boot);
+  ncfsm_unique_id id;
+  memset(&id, 0, sizeof id);
+  if (rank == 0 && ncfsm_get_unique_id(c->opts.backend, &id) != NCFSM_OK) {
+    LOCK(c->loop);
+    ncfsm__set_error(c, "ncfsm_comm_init_boot: the %s backend could not make a unique id", c->be->name);
+    UNLOCK(c->loop);
+    return NCFSM_ERR_BACKEND;
+  }
+  char *buf = malloc((size_t)size * NCFSM_UNIQUE_ID_BYTES);
+  if (!buf) return NCFSM_ERR_NO_MEMORY;
+  /* Legality and the transition first: the exchange only starts for a NEW comm. */
+  ncfsm_result_t r = ncfsm_comm_init(c, size, rank, &id);
+  if (r != NCFSM_OK) {
+    free(buf);
+    return r;
+  }
+  ncfsm_boot_req *req = NULL;
+  LOCK(c->loop);
+  r = ncfsm_boot_allgather_post(boot, &id, buf, NCFSM_UNIQUE_ID_BYTES, &req);
+  if (r != NCFSM_OK) {
+    free(buf);
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS,
+                     "unique id exchange");
+    ncfsm__set_error(c, "ncfsm_comm_init_boot: the bootstrap refused the unique id exchange: %s",
+                     ncfsm_boot_last_error(boot));
+    ncfsm__loop_wake(c->loop);
+    UNLOCK(c->loop);
+    return r;
+  }
+  c->uid_req = req;
+  c->uid_buf = buf;
+  ncfsm_boot_req_on_done(req, uid_done, c);
+  UNLOCK(c->loop);
+  return NCFSM_OK;
 }
 
 ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opts *opts,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fsm/internal.h"
+#include "ncfsm/bootstrap.h"
 
 #define IS_ERR(rc) NCFSM__IS_ERR(rc)
 
@@ -27,6 +28,8 @@ void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) {
 
 static void comm_free(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
+  if (c->uid_req) ncfsm_boot_req_free(c->uid_req);
+  free(c->uid_buf);
   for (ncfsm_comm **pp = &loop->comms; *pp; pp = &(*pp)->next)
     if (*pp == c) { *pp = c->next; break; }
   while (c->free_marks) {
@@ -484,8 +487,26 @@ void ncfsm__spanset_free(ncfsm__spanset *ss) {
 static void issue_inits(ncfsm_loop *loop) {
   ncfsm_comm *todo[64];
   int n = 0;
-  for (ncfsm_comm *c = loop->comms; c && n < 64; c = c->next)
-    if (c->state == NCFSM_STATE_INIT_IN_PROGRESS && !c->init_issued) todo[n++] = c;
+  for (ncfsm_comm *c = loop->comms; c && n < 64; c = c->next) {
+    if (c->state != NCFSM_STATE_INIT_IN_PROGRESS || c->init_issued) continue;
+    if (c->uid_req) { /* the unique id comes through the bootstrap */
+      ncfsm_result_t r = ncfsm_boot_test(c->uid_req);
+      if (r == NCFSM_ERR_AGAIN) continue;
+      ncfsm_boot_req_free(c->uid_req);
+      c->uid_req = NULL;
+      if (r != NCFSM_OK) {
+        free(c->uid_buf);
+        c->uid_buf = NULL;
+        ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS,
+                         "unique id exchange through the bootstrap");
+        continue;
+      }
+      memcpy(&c->uid, c->uid_buf, sizeof c->uid); /* rank 0's id */
+      free(c->uid_buf);
+      c->uid_buf = NULL;
+    }
+    todo[n++] = c;
+  }
   if (!n) return;
   /* One group: one thread may drive several ranks (R3), as ncclCommInitAll does. */
   const ncfsm__backend *be = todo[0]->be;

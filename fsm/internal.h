@@ -85,6 +85,8 @@ struct ncfsm_comm {
   int rank, nranks;
   ncfsm_unique_id uid;
   bool init_issued;
+  struct ncfsm_boot_req *uid_req; /* unique id exchange in flight (ncfsm_comm_init_boot) */
+  char *uid_buf;                  /* size * NCFSM_UNIQUE_ID_BYTES */
   bool busy;          /* a launch (or finalize/revoke) is in progress in NCCL */
   bool fin_issued;
   bool enlisted;      /* has works in the loop's open group */

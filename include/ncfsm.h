@@ -204,6 +204,12 @@ ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id
 ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out);
 /* NEW -> INIT_IN_PROGRESS; the backend init runs at the loop's next turn. */
 ncfsm_result_t ncfsm_comm_init(ncfsm_comm *comm, int nranks, int rank, const ncfsm_unique_id *id);
+/* NEW -> INIT_IN_PROGRESS as rank ncfsm_boot_rank(boot) of ncfsm_boot_size(boot):
+ * rank 0 makes the unique id and the bootstrap shares it (nonblocking, on the
+ * loop); the backend init follows. boot must have been opened on this loop's
+ * event_base (ncfsm_loop_base) and stay open until the comm is READY. */
+struct ncfsm_boot;
+ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *comm, struct ncfsm_boot *boot);
 /* n ranks of one clique in this process (one thread drives them all, in one group). */
 ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opts *opts,
                                    const int *devices, ncfsm_comm **comms);
