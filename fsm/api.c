@@ -60,6 +60,7 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   o->blocking = (int)ncfsm__env_ll("NCFSM_BLOCKING", 0);
   o->device = (int)ncfsm__env_ll("NCFSM_DEVICE", 0);
   o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_TIMEOUT_MS", 0);
+  o->timing = (int)ncfsm__env_ll("NCFSM_TIMING", 0);
   const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
   o->on_error = !strcmp(p, "stay") ? NCFSM_ON_ERROR_STAY
                 : !strcmp(p, "exit") ? NCFSM_ON_ERROR_EXIT
@@ -679,6 +680,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   w->state = NCFSM_WORK_QUEUED;
   w->t_submit = ncfsm__now_ns();
   w->refs = out ? 2 : 1;
+  w->device_ms = -1;
   c->refs++;
   bool p2p = o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV;
   w->fp = (ncfsm_fingerprint_t){
@@ -872,5 +874,18 @@ ncfsm_result_t ncfsm_memcpy(ncfsm_comm *c, void *dst, const void *src, size_t by
     return c->be->memcpy_sync(c->opts.device, dst, src, bytes, to_device) == 0 ? NCFSM_OK
                                                                                  : NCFSM_ERR_BACKEND;
   memcpy(dst, src, bytes);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_work_get_times(const ncfsm_work *w, ncfsm_work_times *t) {
+  if (!work_ok(w) || !t) return NCFSM_ERR_INVALID_ARGUMENT;
+  LOCK(w->comm->loop);
+  t->submit_ns = w->t_submit;
+  t->launch_ns = w->t_launch;
+  t->final_ns = w->t_final;
+  t->complete_ns = w->state == NCFSM_WORK_COMPLETED ? w->t_complete : 0;
+  t->device_ms = w->device_ms;
+  t->ready_at_final = w->mark && w->comm->opts.timing ? w->mark->ready_at_final : -1;
+  UNLOCK(w->comm->loop);
   return NCFSM_OK;
 }

@@ -60,6 +60,7 @@ void ncfsm__work_unref(ncfsm_work *w) {
   ncfsm_comm *c = w->comm;
   ncfsm_loop *loop = c->loop;
   if (w->mark) mark_put(c, w->mark);
+  if (w->start_mark) mark_put(c, w->start_mark);
   w->magic = NCFSM__DEAD_MAGIC;
   w->next = loop->free_works;
   loop->free_works = w;
@@ -270,6 +271,7 @@ static ncfsm__mark *mark_get(ncfsm_comm *c) {
     }
   }
   m->refs = 0;
+  m->ready_at_final = -1;
   m->next_free = NULL;
   return m;
 }
@@ -338,6 +340,8 @@ static void launch_final(ncfsm_comm *c) {
     int rc = c->be->event_record(ms[i].mark->event, ms[i].stream);
     if (rc != 0)
       NCFSM_WARN(NCFSM__SUB_FSM, "[%s] event record failed (%d)", c->name, rc);
+    else if (c->opts.timing) /* the seed's question: is the work done right after the launch? */
+      ms[i].mark->ready_at_final = c->be->event_query(ms[i].mark->event) == 0;
   }
   if (c->state == NCFSM_STATE_READY || c->state == NCFSM_STATE_LAUNCH_IN_PROGRESS)
     ncfsm__fire(c, NCFSM_EV_LAUNCH_FINAL, NCFSM_OK);
@@ -618,6 +622,28 @@ bool ncfsm__launch(ncfsm_loop *loop) {
     ncfsm_comm *touched[64];
     int ntouched = 0;
     int op_rc[64];
+    /* opts.timing: one start event per (comm, stream), recorded before the
+     * NCCL calls (always legal, R2 only forbids work after an InProgress end). */
+    struct { ncfsm_comm *c; void *stream; ncfsm__mark *m; } starts[16];
+    int nstarts = 0;
+    for (ncfsm_work *w = taken; w; w = w->bnext) {
+      if (!w->comm->opts.timing) continue;
+      int i;
+      for (i = 0; i < nstarts; i++)
+        if (starts[i].c == w->comm && starts[i].stream == w->op.stream) break;
+      if (i == nstarts) {
+        if (nstarts == 16) continue;
+        ncfsm__mark *m = mark_get(w->comm);
+        if (!m) continue;
+        if (w->comm->be->event_record(m->event, w->op.stream) != 0) {
+          mark_put(w->comm, m);
+          continue;
+        }
+        starts[nstarts++] = (typeof(starts[0])){w->comm, w->op.stream, m};
+      }
+      starts[i].m->refs++;
+      w->start_mark = starts[i].m;
+    }
     be->group_start();
     for (ncfsm_work *w = taken, *next; w; w = next) {
       next = w->bnext;
@@ -725,6 +751,8 @@ static bool drain_streams(ncfsm_comm *c) {
       while (q->head && q->head->mark == m) {
         ncfsm_work *w = q->head;
         q->head = w->next;
+        if (w->start_mark && c->be->event_elapsed_ms(w->start_mark->event, m->event, &w->device_ms) != 0)
+          w->device_ms = -1;
         ncfsm__work_finish(w, NCFSM_WORK_COMPLETED, NCFSM_OK);
       }
       if (!q->head) q->tail = NULL;

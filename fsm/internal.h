@@ -23,6 +23,7 @@ typedef struct ncfsm__spanset ncfsm__spanset;
 struct ncfsm__mark {
   void *event;
   int refs;
+  int ready_at_final; /* timing: queried once right after the launch became final */
   ncfsm__mark *next_free;
 };
 
@@ -58,6 +59,8 @@ struct ncfsm_work {
   ncfsm__batch *batch;   /* while QUEUED for launch */
   ncfsm__batch single;   /* storage for the batch of an ungrouped op */
   ncfsm__mark *mark;     /* completion event, once IN_FLIGHT */
+  ncfsm__mark *start_mark; /* timing: event recorded just before the launch */
+  float device_ms;
   uint64_t t_submit, t_launch, t_final, t_complete, deadline_ns;
   ncfsm_work *bnext;     /* batch / group list */
   ncfsm_work *next;      /* launching list, stream queue, notify list */

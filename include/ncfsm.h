@@ -187,6 +187,8 @@ typedef struct ncfsm_comm_opts {
   ncfsm_state_cb on_state;      /* called on the loop thread after each transition */
   void *on_state_arg;
   const ncfsm_sim_opts *sim;    /* NULL: defaults */
+  int timing;                   /* 1: record a start event per launch and stream, so works
+                                   report device time (ncfsm_work_get_times); NCFSM_TIMING */
   const char *name;             /* shown in logs and last-error strings */
 } ncfsm_comm_opts;
 
@@ -303,6 +305,22 @@ int ncfsm_work_launched(const ncfsm_work *w);
  * (ERR_TIMEOUT; the work goes on). Returns the work's final status. */
 ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms);
 void ncfsm_work_release(ncfsm_work *w);
+
+/* Where a work's time went. Host times are CLOCK_MONOTONIC ns, 0 when not
+ * reached: submit (the ncfsm call), launch (the NCCL group end was called),
+ * final (the launch became final: ncclSuccess, R2; the completion event is
+ * recorded then), complete (the completion event was seen complete). */
+typedef struct ncfsm_work_times {
+  uint64_t submit_ns, launch_ns, final_ns, complete_ns;
+  /* With opts.timing: device time from an event recorded on the stream just
+   * before the launch to the completion event; else -1. */
+  float device_ms;
+  /* With opts.timing: 1 if the completion event was already complete when
+   * queried right after the launch became final, 0 if not; else -1. */
+  int ready_at_final;
+} ncfsm_work_times;
+
+ncfsm_result_t ncfsm_work_get_times(const ncfsm_work *w, ncfsm_work_times *t);
 
 /* ---- misc ------------------------------------------------------------------ */
 const char *ncfsm_backend_name(ncfsm_backend_kind_t b);

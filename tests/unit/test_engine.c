@@ -45,6 +45,7 @@ static void test_lifecycle_trace(void **state) {
   ncfsm_comm_opts o;
   test_sim_opts(&so);
   test_comm_opts(&o, &so);
+  o.timing = 1;
   ncfsm_comm *c[2];
   make_comms(loop, 2, &o, c, 0);
   for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_wait_state(c[r], NCFSM_STATE_READY, 5000), NCFSM_OK);
@@ -63,6 +64,12 @@ static void test_lifecycle_trace(void **state) {
   for (int r = 0; r < 2; r++) {
     assert_int_equal(ncfsm_work_wait(w[r], 5000), NCFSM_OK);
     assert_int_equal(ncfsm_work_state(w[r]), NCFSM_WORK_COMPLETED);
+    ncfsm_work_times tm;
+    assert_int_equal(ncfsm_work_get_times(w[r], &tm), NCFSM_OK);
+    assert_true(tm.submit_ns > 0 && tm.submit_ns <= tm.launch_ns && tm.launch_ns <= tm.final_ns &&
+                tm.final_ns <= tm.complete_ns);
+    assert_true(tm.device_ms >= 0);                          /* opts.timing */
+    assert_true(tm.ready_at_final == 0 || tm.ready_at_final == 1);
     ncfsm_work_release(w[r]);
   }
   for (int r = 0; r < 2; r++) {
