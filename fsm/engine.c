@@ -639,6 +639,9 @@ bool ncfsm__launch(ncfsm_loop *loop) {
           mark_put(w->comm, m);
           continue;
         }
+        /* One query now: a model backend (the sim) timestamps events when it
+         * first sees them complete; CUDA ignores it. */
+        w->comm->be->event_query(m->event);
         starts[nstarts++] = (typeof(starts[0])){w->comm, w->op.stream, m};
       }
       starts[i].m->refs++;
