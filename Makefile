@@ -38,7 +38,7 @@ test-asan: | deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS) --timeout 300 -LE 'gpu|fuzz|bench'
+	  ctest --output-on-failure -j $(JOBS) --timeout 300 -LE 'gpu|fuzz|bench|install|mpi'
 
 test-tsan: | deps
 	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNCFSM_WERROR=ON \

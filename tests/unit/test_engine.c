@@ -6,6 +6,8 @@
 
 #include "helpers.h"
 
+#include <event2/event.h>
+
 static int cb_count[64];
 static ncfsm_result_t cb_status[64];
 static void count_cb(ncfsm_work *w, ncfsm_result_t st, void *arg) {
@@ -457,6 +459,54 @@ static void test_coalescing_respects_r12(void **state) {
   teardown_all(loop, c, 2);
 }
 
+/* A loop embedded in the application's own event_base: the application runs
+ * the base; ncfsm's wakeups and polls are ordinary events in it. */
+static int app_timer_fired;
+static void app_timer(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  (void)arg;
+  app_timer_fired++;
+}
+
+static void test_embedded_loop(void **state) {
+  (void)state;
+  struct event_base *base = event_base_new();
+  assert_non_null(base);
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new_embedded(base, NULL, &loop), NCFSM_OK);
+  assert_ptr_equal(ncfsm_loop_base(loop), base);
+  struct event *t = evtimer_new(base, app_timer, NULL);
+  struct timeval tv = {0, 1000};
+  evtimer_add(t, &tv);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[2];
+  make_comms(loop, 2, &o, c, 0);
+  int32_t buf[2][4] = {{1, 1, 1, 1}, {2, 2, 2, 2}};
+  reset_cbs();
+  for (int r = 0; r < 2; r++) /* queued (DEFER) while init is in progress */
+    assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb,
+                                     (void *)(intptr_t)r, NULL),
+                     NCFSM_OK);
+  for (int i = 0; i < 1000 && (cb_count[0] + cb_count[1] < 2 || !app_timer_fired); i++)
+    event_base_loop(base, EVLOOP_ONCE); /* the application's loop, not ncfsm_loop_run */
+  assert_int_equal(cb_count[0], 1);
+  assert_int_equal(cb_count[1], 1);
+  assert_int_equal(app_timer_fired, 1);
+  for (int r = 0; r < 2; r++) assert_int_equal(buf[r][0], 3);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(ncfsm_comm_abort(c[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_comm_release(c[r]), NCFSM_OK);
+  }
+  event_base_loop(base, EVLOOP_NONBLOCK);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+  event_free(t);
+  event_base_free(base);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lifecycle_trace),     cmocka_unit_test(test_nested_groups),
@@ -464,7 +514,7 @@ int main(void) {
       cmocka_unit_test(test_group_end_other_thread), cmocka_unit_test(test_async_error_abort),
       cmocka_unit_test(test_watchdog_timeout),    cmocka_unit_test(test_overlap),
       cmocka_unit_test(test_loop_close_busy),     cmocka_unit_test(test_bad_arguments),
-      cmocka_unit_test(test_coalescing_respects_r12),
+      cmocka_unit_test(test_coalescing_respects_r12), cmocka_unit_test(test_embedded_loop),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
