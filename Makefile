@@ -29,6 +29,7 @@ demo: build
 TSAN_BUILD ?= build-tsan
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
+	@$(BUILD)/tests/test_legality 2>/dev/null | grep '^legality:'
 	$(MAKE) test-asan
 	$(MAKE) test-tsan
 

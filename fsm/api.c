@@ -226,7 +226,12 @@ ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opt
 }
 
 ncfsm_state_t ncfsm_comm_state(const ncfsm_comm *c) {
-  return comm_ok(c) ? c->state : NCFSM_STATE_COUNT;
+  if (!comm_ok(c)) return NCFSM_STATE_COUNT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  ncfsm_state_t s = c->state;
+  UNLOCK(loop);
+  return s;
 }
 int ncfsm_comm_rank(const ncfsm_comm *c) { return comm_ok(c) ? c->rank : -1; }
 int ncfsm_comm_size(const ncfsm_comm *c) { return comm_ok(c) ? c->nranks : -1; }
