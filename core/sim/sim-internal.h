@@ -1,8 +1,9 @@
 /*
  * Internals of the sim backend, shared by the sim sources (core/sim/) only.
  *
- * One process-wide mutex (ncfsm__sim_mu) protects every object below; every
- * function declared here expects it held unless its comment says otherwise.
+ * One process-wide mutex (ncfsm__sim_mu) protects every process-local object
+ * below; every function declared here expects it held unless its comment says
+ * otherwise. Shared (cross-process) state has its own robust mutex (shm_hdr.mu).
  * Rule ids (R1..R12) refer to shared/design/NCCL-RULES.md.
  */
 #ifndef NCFSM_CORE_SIM_INTERNAL_H
@@ -60,7 +61,64 @@ typedef struct sim_event {
 struct sim_comm;
 struct sim_unit;
 
-/* One operation of one rank. */
+/* ---- the shared clique (sim_shm.c) ------------------------------------------
+ * Every clique lives in a POSIX shared-memory segment named from the unique
+ * id (/dev/shm/ncfsm-sim-<32 hex>), whether its ranks share a process or not.
+ * Offsets (shm_off, from the segment base) replace pointers; 0 is "none".
+ * Every field of the segment is protected by its process-shared robust mutex
+ * (shm_hdr.mu), taken after ncfsm__sim_mu (lock order: local, then shared). */
+typedef uint64_t shm_off;
+
+#define SIM_SHM_MAGIC 0x4d485353u /* "SSHM" */
+#define SIM_SHM_VERSION 1u
+#define SIM_SHM_PREFIX "ncfsm-sim-"
+#define SIM_SHM_NAME_MAX 64
+
+enum {
+  SHM_OP_DEPOSITED = 1u << 0, /* send data copied into the arena; executable */
+  SHM_OP_DONE = 1u << 1,      /* executed: the result waits for its owner */
+  SHM_OP_INVISIBLE = 1u << 2, /* never_arrive: never matches */
+  SHM_OP_DEAD = 1u << 3       /* injected async error: never executes (R10) */
+};
+
+/* One posted op of one rank, as every process sees it. */
+typedef struct shm_op {
+  shm_off prev, next;   /* the rank's posted, not yet collected ops, in posting order */
+  int32_t rank, kind, dtype, redop, root, peer;
+  uint64_t count, idx, unit; /* match index; the rank's launch unit number */
+  uint32_t flags, pad;
+  shm_off send;         /* deposited copy of this rank's send data (0: none) */
+  uint64_t send_len;
+  shm_off res;          /* refcounted result block of the instance (0: none) */
+  uint64_t res_off, res_len; /* this op's slice of it, copied to its recv buffer */
+  uint64_t done_seq;    /* order of execution: owners copy results back in this order (R12) */
+} shm_op;
+
+typedef struct shm_rank {
+  int32_t used, live, dead, pid;
+  shm_off head, tail;   /* posted ops not yet collected */
+} shm_rank;
+
+typedef struct shm_hdr {
+  uint32_t magic, version;
+  uint32_t ready;       /* set (release) by the creator once initialised */
+  int32_t creator_pid;
+  int32_t owner_pid;    /* pid holding mu (EOWNERDEAD: that process died) */
+  int32_t nranks, joined, live, ndead, unlinked;
+  uint64_t rng;         /* shuffle PRNG (R12), seeded by the creator's shuffle_seed */
+  uint64_t done_seq;
+  uint64_t size, arena_off, arena_len; /* segment bytes; the arena inside it */
+  uint64_t backed;      /* bytes reserved with posix_fallocate (no SIGBUS on a full /dev/shm) */
+  shm_off free_head;    /* free blocks, sorted by offset */
+  uint64_t used;        /* arena bytes allocated */
+  pthread_mutex_t mu;   /* PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST */
+  shm_rank rank[];      /* nranks */
+} shm_hdr;
+
+#define SHM_PTR(q, off) ((void *)((char *)(q)->h + (off)))
+#define SHM_OP(q, off) ((shm_op *)SHM_PTR(q, off))
+
+/* One operation of one rank (process-local: it holds the user's pointers). */
 typedef struct sim_op {
   ncfsm__op a;            /* the call's arguments */
   struct sim_comm *c;
@@ -70,15 +128,18 @@ typedef struct sim_op {
   uint64_t ticket;        /* its ticket on s */
   uint64_t seq;           /* index among all ops posted by this comm (async_error_at_op) */
   uint64_t idx;           /* match index: k-th collective, or k-th send/recv with peer */
+  shm_off sh;             /* its shm_op while posted and not collected; 0: none */
   unsigned done : 1;      /* executed or dropped; its ticket completed */
   unsigned invisible : 1; /* never_arrive: peers never see it */
   unsigned dead : 1;      /* hit by an injected async error: never executes (R10) */
+  unsigned deposited : 1; /* its send data is in the arena */
 } sim_op;
 
 /* The ops of one group end (or implicit group) of one comm, in call order. */
 typedef struct sim_unit {
   sim_op *head, *tail;
   size_t n, ndone;
+  uint64_t no;            /* the comm's unit number */
   struct sim_unit *next;
 } sim_unit;
 
@@ -109,6 +170,7 @@ typedef struct sim_comm {
   int finalized;    /* finalize completed (R4) */
   int revoked;      /* revoke issued (R6) */
   int zombie;       /* destroyed/aborted while in an open group; freed at its end */
+  int peer_dead_seen; /* the dead-peer error was set (once) */
 
   /* Membership in the calling thread's open group (R3). */
   int in_group;
@@ -119,21 +181,24 @@ typedef struct sim_comm {
   sim_unit *pending; /* ops of the open group, not posted */
   sim_unit *staged;  /* ops of an InProgress group end, posted when launch_polls ran out */
   sim_unit *units, *units_tail; /* posted launch units, oldest first */
-  uint64_t nposted, ncoll;
+  uint64_t nposted, ncoll, nunits;
   uint64_t *nsend, *nrecv; /* per peer: sends/recvs posted */
 
   ncfsm_sim_stats st;
 } sim_comm;
 
-/* The ranks that share one unique id (one process for now). */
+/* This process's handle on one shared clique. */
 struct sim_clique {
   unsigned char key[SIM_ID_KEY_LEN];
   int nranks;
-  int joined;          /* ranks that ever called init */
-  int live;            /* comms not destroyed or aborted */
-  sim_comm **slot;     /* live comm of each rank, or NULL */
-  unsigned char *used; /* rank ever joined */
-  uint64_t rng;        /* shuffle PRNG (R12), seeded by the first comm's shuffle_seed */
+  sim_comm **slot;     /* this process's live comm of each rank, or NULL */
+  int nlocal;          /* live comms of this process */
+  int fd;
+  shm_hdr *h;
+  size_t size;
+  char name[SIM_SHM_NAME_MAX];
+  int full_warned;     /* arena-full WARN given */
+  uint64_t next_check_ns; /* next liveness check of peer processes */
   sim_clique *next;
 };
 
@@ -144,6 +209,31 @@ extern sim_clique *ncfsm__sim_cliques;
 /* Record a WARN as NCCL does: last-error text, stderr when NCCL_DEBUG is
  * WARN/INFO/TRACE, and an ncfsm INFO line. */
 void ncfsm__sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* sim_shm.c */
+/* "/ncfsm-sim-<hex key>" */
+void ncfsm__sim_shm_name(const unsigned char *key, char *buf, size_t len);
+/* Attach to (or create) the clique's segment; adds it to ncfsm__sim_cliques.
+ * On failure returns ncclSystemError after a WARN. */
+int ncfsm__sim_shm_attach(const unsigned char *key, int nranks, uint64_t seed, sim_clique **out);
+/* Unmap, close, drop from ncfsm__sim_cliques and free (the segment stays). */
+void ncfsm__sim_shm_detach(sim_clique *q);
+/* Take / release the segment's robust mutex. A dead holder (EOWNERDEAD)
+ * marks its process's ranks dead. -1 (after a WARN) when unrecoverable. */
+int ncfsm__sim_shm_lock(sim_clique *q);
+void ncfsm__sim_shm_unlock(sim_clique *q);
+/* Arena allocation (shm locked). 0 on failure; *nospace is set when
+ * /dev/shm itself is full (posix_fallocate failed), else the arena is. */
+shm_off ncfsm__sim_shm_alloc(sim_clique *q, size_t n, int *nospace);
+void ncfsm__sim_shm_free(sim_clique *q, shm_off off);
+/* Rank r is gone for good: its posted ops are freed (shm locked). */
+void ncfsm__sim_shm_rank_dead(sim_clique *q, int r, const char *why);
+/* Mark ranks of dead peer processes dead (rate-limited; shm locked). */
+void ncfsm__sim_shm_check_peers(sim_clique *q);
+/* Unlink segments whose processes are all gone (crashed ranks). */
+void ncfsm__sim_shm_sweep(void);
+/* Release a posted op's shared state (send copy, result ref, descriptor). */
+void ncfsm__sim_shm_op_release(sim_clique *q, shm_off off);
 
 /* sim_exec.c */
 /* Run every executable instance of every clique until nothing executes (R11, R12). */

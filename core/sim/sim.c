@@ -20,7 +20,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "core/sim/sim-internal.h"
@@ -131,39 +133,37 @@ static sim_clique *clique_find(const ncfsm_unique_id *id) {
   return NULL;
 }
 
-static sim_clique *clique_new(const ncfsm_unique_id *id, int nranks, uint64_t seed) {
-  sim_clique *q = calloc(1, sizeof *q);
-  if (!q) return NULL;
-  q->slot = calloc((size_t)nranks, sizeof *q->slot);
-  q->used = calloc((size_t)nranks, 1);
-  if (!q->slot || !q->used) {
-    free(q->slot);
-    free(q->used);
-    free(q);
-    return NULL;
-  }
-  memcpy(q->key, id->internal, SIM_ID_KEY_LEN);
-  q->nranks = nranks;
-  q->rng = seed;
-  q->next = ncfsm__sim_cliques;
-  ncfsm__sim_cliques = q;
-  return q;
+/* Ranks that ever joined the clique, in any process. */
+static int clique_joined(sim_clique *q) {
+  if (ncfsm__sim_shm_lock(q)) return 0;
+  int n = q->h->joined;
+  ncfsm__sim_shm_unlock(q);
+  return n;
 }
 
+/* Leave the shared clique: the last live rank unlinks the segment; the
+ * process's handle goes with its last local comm. */
 static void clique_leave(sim_comm *c) {
   sim_clique *q = c->q;
   if (!q) return;
   c->q = NULL;
   q->slot[c->rank] = NULL;
-  if (--q->live > 0) return;
-  for (sim_clique **pp = &ncfsm__sim_cliques; *pp; pp = &(*pp)->next)
-    if (*pp == q) {
-      *pp = q->next;
-      break;
+  if (ncfsm__sim_shm_lock(q) == 0) {
+    shm_hdr *h = q->h;
+    shm_rank *rk = &h->rank[c->rank];
+    while (rk->head) ncfsm__sim_shm_op_release(q, rk->head); /* nothing of it stays visible */
+    if (rk->live) {
+      rk->live = 0;
+      h->live--;
     }
-  free(q->slot);
-  free(q->used);
-  free(q);
+    if (h->live <= 0 && !h->unlinked) {
+      h->unlinked = 1;
+      shm_unlink(q->name);
+      NCFSM_INFO(NCFSM__SUB_SIM, "sim: last rank left; unlinked %s", q->name);
+    }
+    ncfsm__sim_shm_unlock(q);
+  }
+  if (--q->nlocal <= 0) ncfsm__sim_shm_detach(q);
 }
 
 static int sim_get_unique_id(ncfsm_unique_id *id) {
@@ -247,6 +247,9 @@ static void comm_post(sim_comm *c, sim_unit *u) {
     free(u);
     return;
   }
+  sim_clique *q = c->q;
+  int locked = q && ncfsm__sim_shm_lock(q) == 0;
+  u->no = c->nunits++;
   for (sim_op *o = u->head; o; o = o->next) {
     o->unit = u;
     o->seq = c->nposted++;
@@ -265,7 +268,37 @@ static void comm_post(sim_comm *c, sim_unit *u) {
       ncfsm__sim_warn("sim: injected async error %s at op %llu (%s, rank %d)", res_name(c->state),
                       (unsigned long long)o->seq, op_names[o->a.kind], c->rank);
     }
+    /* its shared descriptor: what peers (in any process) match against */
+    shm_off off = locked ? ncfsm__sim_shm_alloc(q, sizeof(shm_op), NULL) : 0;
+    if (!off) {
+      o->dead = 1; /* never executes */
+      if (c->state == OK) {
+        c->state = E_SYSTEM;
+        ncfsm__sim_warn("sim: rank %d: no room in the clique's shared arena for an op descriptor "
+                        "(NCFSM_SIM_SHM_BYTES)", c->rank);
+      }
+      continue;
+    }
+    shm_op *s = SHM_OP(q, off);
+    memset(s, 0, sizeof *s);
+    s->rank = c->rank;
+    s->kind = (int32_t)o->a.kind;
+    s->dtype = (int32_t)o->a.dtype;
+    s->redop = (int32_t)o->a.redop;
+    s->root = o->a.root;
+    s->peer = o->a.peer;
+    s->count = o->a.count;
+    s->idx = o->idx;
+    s->unit = u->no;
+    s->flags = (o->invisible ? SHM_OP_INVISIBLE : 0) | (o->dead ? SHM_OP_DEAD : 0);
+    shm_rank *rk = &q->h->rank[c->rank];
+    s->prev = rk->tail;
+    if (rk->tail) SHM_OP(q, rk->tail)->next = off;
+    else rk->head = off;
+    rk->tail = off;
+    o->sh = off;
   }
+  if (locked) ncfsm__sim_shm_unlock(q);
   if (c->units_tail) c->units_tail->next = u;
   else c->units = u;
   c->units_tail = u;
@@ -283,7 +316,7 @@ static void comm_tick(sim_comm *c) {
   int final = OK;
   switch (c->phase) {
   case SIM_PH_INIT:
-    if (c->q && c->q->joined < c->nranks) return; /* a missing rank keeps everyone waiting */
+    if (c->q && clique_joined(c->q) < c->nranks) return; /* a missing rank keeps everyone waiting */
     if (c->o.fail_init) {
       final = c->o.fail_init;
       ncfsm__sim_warn("sim: injected init failure %s (rank %d)", res_name(final), c->rank);
@@ -352,7 +385,7 @@ static int wait_blocking_inits(sim_comm *list) {
   for (;;) {
     int ready = 1;
     for (sim_comm *c = list; c; c = c->grp_next)
-      if (!c->zombie && c->init_in_group && c->q && c->q->joined < c->nranks) ready = 0;
+      if (!c->zombie && c->init_in_group && c->q && clique_joined(c->q) < c->nranks) ready = 0;
     if (ready) break;
     if (ncfsm__now_ns() >= deadline) {
       ncfsm__sim_warn("ncclCommInitRank: peers never arrived within %lld ms (sim, NCFSM_SIM_WAIT_MS)",
@@ -498,9 +531,9 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
                     nranks, q->nranks);
     return E_ARG;
   }
-  if (q && q->used[rank]) {
+  if (q && q->slot[rank]) {
     sim_comm *o = q->slot[rank];
-    if (o && o->state == IN_PROGRESS) { /* R2: init again while the first is in progress */
+    if (o->state == IN_PROGRESS) { /* R2: init again while the first is in progress */
       ncfsm__sim_warn(R2_WARN);
       group_fail(o, E_ARG);
     } else {
@@ -520,8 +553,7 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
     c->nsend = calloc((size_t)nranks, sizeof *c->nsend);
     c->nrecv = calloc((size_t)nranks, sizeof *c->nrecv);
   }
-  if (!q && c) q = clique_new(id, nranks, o.shuffle_seed);
-  if (!c || !c->nsend || !c->nrecv || !q) {
+  if (!c || !c->nsend || !c->nrecv) {
     if (c) {
       free(c->nsend);
       free(c->nrecv);
@@ -529,6 +561,38 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
     }
     ncfsm__sim_warn("ncclCommInitRank: out of memory");
     return E_SYSTEM;
+  }
+  int fresh = 0, rc = OK;
+  if (!q) { /* this process's first rank of the clique: attach to (or create) the segment */
+    rc = ncfsm__sim_shm_attach((const unsigned char *)id->internal, nranks, o.shuffle_seed, &q);
+    fresh = rc == OK;
+  }
+  if (rc == OK && ncfsm__sim_shm_lock(q)) rc = E_SYSTEM;
+  if (rc == OK) {
+    shm_hdr *h = q->h;
+    if (h->nranks != nranks) {
+      ncfsm__sim_warn("ncclCommInitRank: nranks %d differs from %d of the ranks already joined (sim)",
+                      nranks, h->nranks);
+      rc = E_ARG;
+    } else if (h->rank[rank].used) {
+      ncfsm__sim_warn("ncclCommInitRank: rank %d already joined this clique (sim, pid %d)", rank,
+                      (int)h->rank[rank].pid);
+      rc = E_ARG;
+    } else {
+      h->rank[rank].used = 1;
+      h->rank[rank].live = 1;
+      h->rank[rank].pid = (int)getpid();
+      h->joined++;
+      h->live++;
+    }
+    ncfsm__sim_shm_unlock(q);
+  }
+  if (rc != OK) {
+    if (fresh) ncfsm__sim_shm_detach(q); /* the segment stays for the ranks that own it */
+    free(c->nsend);
+    free(c->nrecv);
+    free(c);
+    return rc;
   }
   c->magic = SIM_MAGIC_COMM;
   c->q = q;
@@ -542,9 +606,7 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
   c->phase = SIM_PH_INIT;
   c->countdown = o.init_polls;
   q->slot[rank] = c;
-  q->used[rank] = 1;
-  q->joined++;
-  q->live++;
+  q->nlocal++;
   *out = c;
   return OK;
 }
@@ -673,6 +735,35 @@ static int args_check(const sim_comm *c, const ncfsm__op *op) {
   return OK;
 }
 
+/* The clique's shared arena must hold one instance of the op alone: every
+ * rank's send data, the result block and the descriptors. Otherwise the op
+ * could never run: refuse it (ncclSystemError, as NCCL on a failed shm
+ * allocation) instead of hanging. args_check ruled out overflows. */
+static int arena_check(const sim_comm *c, const ncfsm__op *op) {
+  if (!c->q) return OK;
+  ncfsm_opkind_t k = op->kind;
+  size_t n = (size_t)c->nranks, blk = op->count * ncfsm__sim_dtype_size(op->dtype), all = blk * n;
+  size_t send = blk, res = blk, senders = n;
+  switch (k) {
+  case NCFSM_KIND_ALLGATHER: res = all; break;
+  case NCFSM_KIND_GATHER: res = all; break;
+  case NCFSM_KIND_REDUCESCATTER: send = all; res = all; break;
+  case NCFSM_KIND_SCATTER: send = all; res = all; senders = 1; break;
+  case NCFSM_KIND_BROADCAST: senders = 1; break;
+  case NCFSM_KIND_ALLTOALL: send = all; res = all * n; break;
+  case NCFSM_KIND_SEND:
+  case NCFSM_KIND_RECV: senders = 1; n = 2; break;
+  default: break;
+  }
+  double need = (double)senders * (double)(send + 128) + (double)res + 128.0 +
+                (double)n * (double)(sizeof(shm_op) + 128);
+  if (need <= (double)c->q->h->arena_len) return OK;
+  ncfsm__sim_warn("%s : %zu elements need %.0f bytes of the clique's shared memory, more than its "
+                  "arena of %llu bytes (raise NCFSM_SIM_SHM_BYTES before the clique is created)",
+                  op_names[k], op->count, need, (unsigned long long)c->q->h->arena_len);
+  return E_SYSTEM;
+}
+
 /* ncclEnqueueCheck: CommCheck, ncclCommEnsureReady (R2), ArgsCheck, taskAppend. */
 static int op_admit(sim_comm *c, const ncfsm__op *op) {
   if (c->state == IN_PROGRESS) {
@@ -692,6 +783,7 @@ static int op_admit(sim_comm *c, const ncfsm__op *op) {
   }
   int rc = args_check(c, op);
   if (rc) return rc;
+  if ((rc = arena_check(c, op))) return rc;
   if (g_dirty) { /* an op overwrites a mode left dirty by destroy (taskAppend), inits check it */
     g_blocking = -1;
     g_dirty = 0;

@@ -1,23 +1,32 @@
 /*
- * Execution of posted ops: matching across ranks and data movement.
+ * Execution of posted ops: matching across ranks and data movement, over the
+ * clique's shared segment (sim_shm.c), so ranks may live in other processes.
  *
  * Matching (R11): the i-th collective posted by rank r is instance i on every
  * rank; the j-th send from r to p pairs with the j-th recv on p from r.
- * Each comm keeps its posted ops in launch units, one per group end. A
- * progress step looks at every rank's earliest unfinished unit; an instance
- * is executable when all of its ops are in those units. All executable
- * instances of a step run together, in an order shuffled by the clique's PRNG
- * (shuffle_seed), in two phases: every instance first computes its outputs
- * into scratch buffers (all reads), then the scratch buffers are copied to
- * the receive buffers (all writes). Ops of one group are thus unordered
- * (R12): three in-place AllReduces on one buffer in one group read the same
- * input and the result is wrong, as measured; separate launches are
- * separate units and run one after the other.
+ * Each comm keeps its posted ops in launch units, one per group end, in its
+ * own process. Progress, run by every process for its own ranks, does three
+ * things until nothing moves:
+ *   collect  each local op that was executed gets its result copied from the
+ *            arena into its receive buffer (in execution order), its stream
+ *            ticket completes, and its shared descriptor is freed;
+ *   deposit  when all earlier units of a local rank are complete, the ops of
+ *            its next (head) unit copy their send data into the arena: like
+ *            a stream, an op reads its input after the earlier ops wrote;
+ *   execute  every instance whose ops are all deposited (on whatever
+ *            process) runs: its result goes to a refcounted arena block.
+ * All instances of a step run in an order shuffled by the clique's PRNG
+ * (shuffle_seed), which is the order in which owners copy results back. Ops
+ * of one group read their inputs at deposit, before any of them wrote, so
+ * they are unordered (R12): three in-place AllReduces on one buffer in one
+ * group read the same input and the result is wrong, as measured; separate
+ * launches are separate units and run one after the other.
  *
  * A collective whose fingerprints differ across ranks never executes, except
  * that a Broadcast root completes locally (R11: a root may return while its
  * peers hang). Ops of a never_arrive rank are invisible to peers; an op hit
- * by an injected async error never executes (R10).
+ * by an injected async error never executes (R10). A rank whose process died
+ * fails its peers' unfinished work with ncclRemoteError.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,39 +36,35 @@
 
 typedef enum { INST_COLL, INST_P2P, INST_LOCAL } inst_kind;
 
-typedef struct sim_write {
-  void *dst;
-  const unsigned char *src; /* into the instance's scratch */
-  size_t len;
-} sim_write;
-
 typedef struct sim_inst {
   inst_kind kind;
   int nops;
-  sim_op **ops;         /* COLL: one per rank; P2P: send, recv; LOCAL: the root's op */
-  unsigned char *scratch;
-  sim_write *w;
-  int nw;
-  int ok;               /* outputs computed */
+  shm_op **ops;         /* COLL: one per rank; P2P: send, recv; LOCAL: the root's op */
+  uint64_t *roff, *rlen; /* each op's slice of the result block */
+  shm_off res;          /* result block: [refs][pad to 64][data] */
 } sim_inst;
 
-static int is_coll(const sim_op *o) {
-  return o->a.kind != NCFSM_KIND_SEND && o->a.kind != NCFSM_KIND_RECV;
-}
-static int is_rooted(ncfsm_opkind_t k) {
+#define RES_HDR 64u
+
+static int is_coll_kind(int k) { return k != NCFSM_KIND_SEND && k != NCFSM_KIND_RECV; }
+static int is_rooted(int k) {
   return k == NCFSM_KIND_BROADCAST || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_GATHER ||
          k == NCFSM_KIND_SCATTER;
 }
-static int is_reducing(ncfsm_opkind_t k) {
+static int is_reducing(int k) {
   return k == NCFSM_KIND_ALLREDUCE || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_REDUCESCATTER;
 }
-static int matchable(const sim_op *o) { return o && !o->done && !o->invisible && !o->dead; }
+/* Executable: deposited, not executed, seen by peers, not hit by an error. */
+static int matchable(const shm_op *o) {
+  return o && (o->flags & SHM_OP_DEPOSITED) &&
+         !(o->flags & (SHM_OP_DONE | SHM_OP_INVISIBLE | SHM_OP_DEAD));
+}
 
 /* R11 fingerprint equality (the seq is equal by construction). */
-static int same_fingerprint(const sim_op *x, const sim_op *y) {
-  if (x->a.kind != y->a.kind || x->a.count != y->a.count || x->a.dtype != y->a.dtype) return 0;
-  if (is_rooted(x->a.kind) && x->a.root != y->a.root) return 0;
-  if (is_reducing(x->a.kind) && x->a.redop != y->a.redop) return 0;
+static int same_fingerprint(const shm_op *x, const shm_op *y) {
+  if (x->kind != y->kind || x->count != y->count || x->dtype != y->dtype) return 0;
+  if (is_rooted(x->kind) && x->root != y->root) return 0;
+  if (is_reducing(x->kind) && x->redop != y->redop) return 0;
   return 1;
 }
 
@@ -88,10 +93,17 @@ static void unit_free(sim_unit *u) {
 
 void ncfsm__sim_unit_drop(sim_unit *u) {
   if (!u) return;
+  sim_clique *locked = NULL;
   for (sim_op *o = u->head; o; o = o->next) {
     o->unit = u;
+    if (o->sh && o->c->q) { /* its shared part: peers no longer see it */
+      if (!locked && ncfsm__sim_shm_lock(o->c->q) == 0) locked = o->c->q;
+      if (locked == o->c->q) ncfsm__sim_shm_op_release(locked, o->sh);
+      o->sh = 0;
+    }
     op_complete(o, 0);
   }
+  if (locked) ncfsm__sim_shm_unlock(locked);
   unit_free(u);
 }
 
@@ -106,19 +118,65 @@ static sim_unit *head_unit(sim_comm *c) {
   return c->units;
 }
 
-static sim_op *find_coll(sim_unit *u, uint64_t idx) {
-  for (sim_op *o = u->head; o; o = o->next)
-    if (is_coll(o) && o->idx == idx) return o;
-  return NULL;
+/* ---- deposit: a local rank's head unit copies its inputs into the arena ----------- */
+
+/* Bytes of send data this rank contributes to op a. */
+static size_t send_bytes(const sim_comm *c, const ncfsm__op *a) {
+  size_t blk = a->count * ncfsm__sim_dtype_size(a->dtype), n = (size_t)c->nranks;
+  switch (a->kind) {
+  case NCFSM_KIND_RECV: return 0;
+  case NCFSM_KIND_BROADCAST: return a->root == c->rank ? blk : 0;
+  case NCFSM_KIND_SCATTER: return a->root == c->rank ? blk * n : 0;
+  case NCFSM_KIND_REDUCESCATTER:
+  case NCFSM_KIND_ALLTOALL: return blk * n;
+  default: return blk;
+  }
 }
 
-static sim_op *find_recv(sim_unit *u, int from, uint64_t idx) {
-  for (sim_op *o = u->head; o; o = o->next)
-    if (o->a.kind == NCFSM_KIND_RECV && o->a.peer == from && o->idx == idx) return o;
-  return NULL;
+static int deposit(sim_clique *q, sim_comm *c) {
+  sim_unit *u = head_unit(c);
+  int moved = 0;
+  if (!u) return 0;
+  for (sim_op *o = u->head; o; o = o->next) {
+    if (o->done || o->deposited || o->invisible || o->dead || !o->sh) continue;
+    shm_op *s = SHM_OP(q, o->sh);
+    size_t len = o->a.send ? send_bytes(c, &o->a) : 0;
+    if (len) {
+      int nospace = 0;
+      shm_off d = ncfsm__sim_shm_alloc(q, len, &nospace);
+      if (!d && nospace) { /* /dev/shm is full: an error, as NCCL's shm transport */
+        o->dead = 1;
+        s->flags |= SHM_OP_DEAD;
+        if (c->state == NCFSM__NCCL_SUCCESS || c->state == NCFSM__NCCL_IN_PROGRESS) {
+          c->state = NCFSM__NCCL_SYSTEM_ERROR;
+          c->phase = SIM_PH_NONE;
+          c->armed = 0;
+        }
+        ncfsm__sim_warn("sim: no space left in /dev/shm for %zu bytes of rank %d's data (%s)", len,
+                        c->rank, strerror(nospace));
+        continue;
+      }
+      if (!d) { /* the arena is full for now: retry when peers freed space */
+        if (!q->full_warned) {
+          q->full_warned = 1;
+          ncfsm__sim_warn("sim: the clique's shared arena is full (NCFSM_SIM_SHM_BYTES=%llu); rank %d "
+                          "waits for space (ops of one group that together exceed it never run)",
+                          (unsigned long long)q->h->arena_len, c->rank);
+        }
+        break;
+      }
+      memcpy(SHM_PTR(q, d), o->a.send, len);
+      s->send = d;
+      s->send_len = len;
+    }
+    s->flags |= SHM_OP_DEPOSITED;
+    o->deposited = 1;
+    moved++;
+  }
+  return moved;
 }
 
-/* ---- phase 1: compute outputs into scratch ---------------------------------- */
+/* ---- execute: instances whose ops are all deposited ---------------------------------- */
 
 static int mul_ok(size_t a, size_t b, size_t *out) {
   if (a && b > SIZE_MAX / a) return 0;
@@ -126,94 +184,94 @@ static int mul_ok(size_t a, size_t b, size_t *out) {
   return 1;
 }
 
-static void add_write(sim_inst *in, void *dst, const unsigned char *src, size_t len) {
-  if (!len || !dst) return;
-  in->w[in->nw++] = (sim_write){dst, src, len};
+static const void *sendp(sim_clique *q, const shm_op *o) {
+  return o->send ? SHM_PTR(q, o->send) : NULL;
 }
 
-/* Returns 0 when the outputs are ready in in->scratch / in->w. */
-static int compute(sim_inst *in) {
-  sim_op **o = in->ops;
+/* Computes the instance's result block. 0 when done, 1 when the arena has
+ * no room yet, -1 on an impossible size. */
+static int compute(sim_clique *q, sim_inst *in) {
+  shm_op **o = in->ops;
   int n = in->nops;
-  const ncfsm__op *a0 = &o[0]->a;
-  size_t es = ncfsm__sim_dtype_size(a0->dtype), cnt = a0->count, blk, all, sq;
+  const shm_op *a0 = o[0];
+  size_t es = ncfsm__sim_dtype_size(a0->dtype), cnt = (size_t)a0->count, blk, all, sq;
   if (!mul_ok(cnt, es, &blk) || !mul_ok(blk, (size_t)n, &all) || !mul_ok(all, (size_t)n, &sq))
     return -1;
-  in->w = calloc((size_t)n, sizeof *in->w);
-  if (!in->w) return -1;
   if (!blk) return 0; /* zero-count op: nothing to move */
+  size_t len = blk;
+  if (in->kind == INST_COLL) {
+    switch (a0->kind) {
+    case NCFSM_KIND_ALLTOALL: len = sq; break;
+    case NCFSM_KIND_ALLGATHER:
+    case NCFSM_KIND_REDUCESCATTER:
+    case NCFSM_KIND_GATHER:
+    case NCFSM_KIND_SCATTER: len = all; break;
+    default: break;
+    }
+  }
+  shm_off res = ncfsm__sim_shm_alloc(q, len + RES_HDR, NULL);
+  if (!res) return 1;
+  *(uint64_t *)SHM_PTR(q, res) = (uint64_t)n; /* one reference per op */
+  unsigned char *sc = (unsigned char *)SHM_PTR(q, res) + RES_HDR;
+  in->res = res;
+#define OUT(r, off, l) (in->roff[r] = RES_HDR + (off), in->rlen[r] = (l))
 
   if (in->kind == INST_P2P || in->kind == INST_LOCAL) { /* send -> recv */
-    sim_op *dst = in->kind == INST_P2P ? o[1] : o[0];
-    if (!(in->scratch = malloc(blk))) return -1;
-    memcpy(in->scratch, o[0]->a.send, blk);
-    add_write(in, dst->a.recv, in->scratch, blk);
+    memcpy(sc, sendp(q, o[0]), blk);
+    OUT(in->kind == INST_P2P ? 1 : 0, 0, blk);
     return 0;
   }
-
   int root = a0->root;
-  const void **ins = NULL;
-  size_t scratch_len = a0->kind == NCFSM_KIND_ALLTOALL ? sq
-                       : (a0->kind == NCFSM_KIND_ALLGATHER || a0->kind == NCFSM_KIND_REDUCESCATTER ||
-                          a0->kind == NCFSM_KIND_GATHER || a0->kind == NCFSM_KIND_SCATTER)
-                           ? all
-                           : blk;
-  if (!(in->scratch = malloc(scratch_len))) return -1;
-  if (is_reducing(a0->kind) && !(ins = malloc((size_t)n * sizeof *ins))) return -1;
-  unsigned char *sc = in->scratch;
-
+  const void *ins[n > 0 ? n : 1];
   switch (a0->kind) {
   case NCFSM_KIND_ALLREDUCE:
-    for (int r = 0; r < n; r++) ins[r] = o[r]->a.send;
+    for (int r = 0; r < n; r++) ins[r] = sendp(q, o[r]);
     ncfsm__sim_reduce(sc, ins, n, cnt, a0->dtype, a0->redop);
-    for (int r = 0; r < n; r++) add_write(in, o[r]->a.recv, sc, blk);
+    for (int r = 0; r < n; r++) OUT(r, 0, blk);
     break;
   case NCFSM_KIND_REDUCE:
-    for (int r = 0; r < n; r++) ins[r] = o[r]->a.send;
+    for (int r = 0; r < n; r++) ins[r] = sendp(q, o[r]);
     ncfsm__sim_reduce(sc, ins, n, cnt, a0->dtype, a0->redop);
-    add_write(in, o[root]->a.recv, sc, blk);
+    OUT(root, 0, blk);
     break;
   case NCFSM_KIND_REDUCESCATTER: /* rank r gets the reduction of block r */
     for (int r = 0; r < n; r++) {
-      for (int p = 0; p < n; p++) ins[p] = (const char *)o[p]->a.send + (size_t)r * blk;
+      for (int p = 0; p < n; p++) ins[p] = (const char *)sendp(q, o[p]) + (size_t)r * blk;
       ncfsm__sim_reduce(sc + (size_t)r * blk, ins, n, cnt, a0->dtype, a0->redop);
-      add_write(in, o[r]->a.recv, sc + (size_t)r * blk, blk);
+      OUT(r, (size_t)r * blk, blk);
     }
     break;
   case NCFSM_KIND_BROADCAST:
-    memcpy(sc, o[root]->a.send, blk);
-    for (int r = 0; r < n; r++) add_write(in, o[r]->a.recv, sc, blk);
+    memcpy(sc, sendp(q, o[root]), blk);
+    for (int r = 0; r < n; r++) OUT(r, 0, blk);
     break;
   case NCFSM_KIND_ALLGATHER: /* rank-major */
-    for (int r = 0; r < n; r++) memcpy(sc + (size_t)r * blk, o[r]->a.send, blk);
-    for (int r = 0; r < n; r++) add_write(in, o[r]->a.recv, sc, all);
+    for (int r = 0; r < n; r++) memcpy(sc + (size_t)r * blk, sendp(q, o[r]), blk);
+    for (int r = 0; r < n; r++) OUT(r, 0, all);
     break;
   case NCFSM_KIND_ALLTOALL: /* recv[r] block p = send[p] block r */
     for (int r = 0; r < n; r++)
       for (int p = 0; p < n; p++)
-        memcpy(sc + (size_t)r * all + (size_t)p * blk, (const char *)o[p]->a.send + (size_t)r * blk,
+        memcpy(sc + (size_t)r * all + (size_t)p * blk, (const char *)sendp(q, o[p]) + (size_t)r * blk,
                blk);
-    for (int r = 0; r < n; r++) add_write(in, o[r]->a.recv, sc + (size_t)r * all, all);
+    for (int r = 0; r < n; r++) OUT(r, (size_t)r * all, all);
     break;
   case NCFSM_KIND_GATHER:
-    for (int r = 0; r < n; r++) memcpy(sc + (size_t)r * blk, o[r]->a.send, blk);
-    add_write(in, o[root]->a.recv, sc, all);
+    for (int r = 0; r < n; r++) memcpy(sc + (size_t)r * blk, sendp(q, o[r]), blk);
+    OUT(root, 0, all);
     break;
   case NCFSM_KIND_SCATTER:
-    memcpy(sc, o[root]->a.send, all);
-    for (int r = 0; r < n; r++) add_write(in, o[r]->a.recv, sc + (size_t)r * blk, blk);
+    memcpy(sc, sendp(q, o[root]), all);
+    for (int r = 0; r < n; r++) OUT(r, (size_t)r * blk, blk);
     break;
   default:
-    free(ins);
     return -1;
   }
-  free(ins);
+#undef OUT
   return 0;
 }
 
-/* ---- one progress step of one clique ------------------------------------------ */
-
-static int push_inst(sim_inst **v, int *nv, int *cap, inst_kind kind, sim_op **ops, int nops) {
+static int push_inst(sim_inst **v, int *nv, int *cap, inst_kind kind, shm_op **ops, int nops) {
   if (*nv == *cap) {
     int ncap = *cap ? *cap * 2 : 8;
     sim_inst *nvv = realloc(*v, (size_t)ncap * sizeof *nvv);
@@ -221,34 +279,66 @@ static int push_inst(sim_inst **v, int *nv, int *cap, inst_kind kind, sim_op **o
     *v = nvv;
     *cap = ncap;
   }
-  sim_op **cp = malloc((size_t)nops * sizeof *cp);
-  if (!cp) return -1;
-  memcpy(cp, ops, (size_t)nops * sizeof *cp);
-  (*v)[(*nv)++] = (sim_inst){.kind = kind, .nops = nops, .ops = cp};
+  sim_inst in = {.kind = kind, .nops = nops};
+  in.ops = malloc((size_t)nops * sizeof *in.ops);
+  in.roff = calloc((size_t)nops, sizeof *in.roff);
+  in.rlen = calloc((size_t)nops, sizeof *in.rlen);
+  if (!in.ops || !in.roff || !in.rlen) {
+    free(in.ops);
+    free(in.roff);
+    free(in.rlen);
+    return -1;
+  }
+  memcpy(in.ops, ops, (size_t)nops * sizeof *ops);
+  (*v)[(*nv)++] = in;
   return 0;
 }
 
-/* Returns the number of instances executed. */
-static int clique_step(sim_clique *q) {
-  int n = q->nranks, nv = 0, cap = 0, executed = 0;
-  sim_inst *v = NULL;
-  sim_unit **cur = calloc((size_t)n, sizeof *cur);
-  sim_op **ops = calloc((size_t)n, sizeof *ops);
-  if (!cur || !ops) goto out;
-
-  int all = 1;
-  for (int r = 0; r < n; r++) {
-    cur[r] = q->slot[r] ? head_unit(q->slot[r]) : NULL;
-    if (!cur[r]) all = 0;
+/* The deposited part of rank r's list: the ops of its head unit, which come first. */
+static shm_op *find_coll(sim_clique *q, int r, uint64_t idx) {
+  shm_rank *rk = &q->h->rank[r];
+  if (!rk->head) return NULL;
+  uint64_t unit = SHM_OP(q, rk->head)->unit;
+  for (shm_off off = rk->head; off; off = SHM_OP(q, off)->next) {
+    shm_op *o = SHM_OP(q, off);
+    if (o->unit != unit) break;
+    if (is_coll_kind(o->kind) && o->idx == idx) return o;
   }
+  return NULL;
+}
 
-  /* Collectives: every rank's op of instance idx must be in its current unit. */
+static shm_op *find_recv(sim_clique *q, int r, int from, uint64_t idx) {
+  shm_rank *rk = &q->h->rank[r];
+  if (!rk->head) return NULL;
+  uint64_t unit = SHM_OP(q, rk->head)->unit;
+  for (shm_off off = rk->head; off; off = SHM_OP(q, off)->next) {
+    shm_op *o = SHM_OP(q, off);
+    if (o->unit != unit) break;
+    if (o->kind == NCFSM_KIND_RECV && o->peer == from && o->idx == idx) return o;
+  }
+  return NULL;
+}
+
+/* One step over the whole clique; returns the number of instances executed. */
+static int execute(sim_clique *q) {
+  shm_hdr *h = q->h;
+  int n = h->nranks, nv = 0, cap = 0, executed = 0;
+  sim_inst *v = NULL;
+  shm_op *ops[n > 0 ? n : 1];
+
+  /* Collectives: every rank's op of instance idx must be deposited. */
+  int all = 1;
+  for (int r = 0; r < n; r++)
+    if (!h->rank[r].head || h->rank[r].dead) all = 0;
   if (all) {
-    for (sim_op *o = cur[0]->head; o; o = o->next) {
-      if (!is_coll(o) || !matchable(o)) continue;
+    uint64_t unit0 = SHM_OP(q, h->rank[0].head)->unit;
+    for (shm_off off = h->rank[0].head; off; off = SHM_OP(q, off)->next) {
+      shm_op *o = SHM_OP(q, off);
+      if (o->unit != unit0) break;
+      if (!is_coll_kind(o->kind) || !matchable(o)) continue;
       int ready = 1, same = 1;
       for (int r = 0; r < n && ready; r++) {
-        ops[r] = r == 0 ? o : find_coll(cur[r], o->idx);
+        ops[r] = r == 0 ? o : find_coll(q, r, o->idx);
         if (!matchable(ops[r])) ready = 0;
         else if (!same_fingerprint(ops[0], ops[r])) same = 0;
       }
@@ -259,7 +349,7 @@ static int clique_step(sim_clique *q) {
       }
       /* R11 mismatch: never executes; a Broadcast root returns locally. */
       for (int r = 0; r < n; r++) {
-        if (ops[r]->a.kind == NCFSM_KIND_BROADCAST && ops[r]->a.root == r) {
+        if (ops[r]->kind == NCFSM_KIND_BROADCAST && ops[r]->root == r) {
           NCFSM_INFO(NCFSM__SUB_SIM, "sim: collective %llu mismatches across ranks; broadcast root %d "
                      "completes locally, peers hang (R11)", (unsigned long long)o->idx, r);
           if (push_inst(&v, &nv, &cap, INST_LOCAL, &ops[r], 1)) goto out;
@@ -270,50 +360,141 @@ static int clique_step(sim_clique *q) {
 
   /* Point-to-point: the j-th send r->p with the j-th recv on p from r. */
   for (int r = 0; r < n; r++) {
-    if (!cur[r]) continue;
-    for (sim_op *o = cur[r]->head; o; o = o->next) {
-      if (o->a.kind != NCFSM_KIND_SEND || !matchable(o)) continue;
-      int p = o->a.peer;
-      if (p < 0 || p >= n || !cur[p]) continue;
-      sim_op *rv = find_recv(cur[p], r, o->idx);
-      if (!matchable(rv) || rv->a.count != o->a.count || rv->a.dtype != o->a.dtype) continue;
-      sim_op *pair[2] = {o, rv};
+    shm_rank *rk = &h->rank[r];
+    if (!rk->head || rk->dead) continue;
+    uint64_t unit = SHM_OP(q, rk->head)->unit;
+    for (shm_off off = rk->head; off; off = SHM_OP(q, off)->next) {
+      shm_op *o = SHM_OP(q, off);
+      if (o->unit != unit) break;
+      if (o->kind != NCFSM_KIND_SEND || !matchable(o)) continue;
+      int p = o->peer;
+      if (p < 0 || p >= n || h->rank[p].dead) continue;
+      shm_op *rv = find_recv(q, p, r, o->idx);
+      if (!matchable(rv) || rv->count != o->count || rv->dtype != o->dtype) continue;
+      shm_op *pair[2] = {o, rv};
       if (push_inst(&v, &nv, &cap, INST_P2P, pair, 2)) goto out;
     }
   }
   if (!nv) goto out;
 
-  /* R12: the instances of one step run in a seeded random order. */
+  /* R12: the instances of one step run (and are copied back) in a seeded random order. */
   for (int i = nv - 1; i > 0; i--) {
-    int j = (int)(rng_next(&q->rng) % (uint64_t)(i + 1));
+    int j = (int)(rng_next(&h->rng) % (uint64_t)(i + 1));
     sim_inst t = v[i];
     v[i] = v[j];
     v[j] = t;
   }
-  for (int i = 0; i < nv; i++) v[i].ok = compute(&v[i]) == 0; /* phase 1: all reads */
-  for (int i = 0; i < nv; i++)                                 /* phase 2: all writes */
-    if (v[i].ok)
-      for (int k = 0; k < v[i].nw; k++) memmove(v[i].w[k].dst, v[i].w[k].src, v[i].w[k].len);
   for (int i = 0; i < nv; i++) {
-    if (!v[i].ok) continue;
-    for (int k = 0; k < v[i].nops; k++) op_complete(v[i].ops[k], 1);
+    int rc = compute(q, &v[i]);
+    if (rc) continue; /* no room for the result yet: retried at the next step */
+    for (int k = 0; k < v[i].nops; k++) {
+      shm_op *o = v[i].ops[k];
+      o->flags |= SHM_OP_DONE;
+      o->done_seq = ++h->done_seq;
+      ncfsm__sim_shm_free(q, o->send); /* inputs are consumed */
+      o->send = 0;
+      o->send_len = 0;
+      if (v[i].res) {
+        o->res = v[i].res;
+        o->res_off = v[i].roff[k];
+        o->res_len = v[i].rlen[k];
+      }
+    }
     executed++;
   }
 
 out:
   for (int i = 0; i < nv; i++) {
     free(v[i].ops);
-    free(v[i].scratch);
-    free(v[i].w);
+    free(v[i].roff);
+    free(v[i].rlen);
   }
   free(v);
-  free(cur);
-  free(ops);
   return executed;
 }
 
-void ncfsm__sim_progress(void) {
-  for (sim_clique *q = ncfsm__sim_cliques; q; q = q->next)
-    while (clique_step(q) > 0) {
+/* ---- collect: executed local ops get their results ------------------------------------- */
+
+static int by_done_seq(const void *a, const void *b) {
+  const sim_op *oa = *(sim_op *const *)a, *ob = *(sim_op *const *)b;
+  uint64_t sa = SHM_OP(oa->c->q, oa->sh)->done_seq, sb = SHM_OP(ob->c->q, ob->sh)->done_seq;
+  return sa < sb ? -1 : sa > sb;
+}
+
+static int collect(sim_clique *q) {
+  size_t n = 0, cap = 0;
+  sim_op **got = NULL;
+  for (int r = 0; r < q->nranks; r++) {
+    sim_comm *c = q->slot[r];
+    sim_unit *u = c ? head_unit(c) : NULL;
+    if (!u) continue;
+    for (sim_op *o = u->head; o; o = o->next) {
+      if (o->done || !o->sh || !(SHM_OP(q, o->sh)->flags & SHM_OP_DONE)) continue;
+      if (n == cap) {
+        size_t ncap = cap ? cap * 2 : 16;
+        sim_op **ng = realloc(got, ncap * sizeof *ng);
+        if (!ng) goto done; /* out of memory: collected at a later progress */
+        got = ng;
+        cap = ncap;
+      }
+      got[n++] = o;
     }
+  }
+  if (n > 1) qsort(got, n, sizeof *got, by_done_seq);
+  for (size_t i = 0; i < n; i++) {
+    sim_op *o = got[i];
+    shm_op *s = SHM_OP(q, o->sh);
+    if (s->res && s->res_len && o->a.recv)
+      memmove(o->a.recv, (const char *)SHM_PTR(q, s->res) + s->res_off, (size_t)s->res_len);
+    ncfsm__sim_shm_op_release(q, o->sh);
+    o->sh = 0;
+    op_complete(o, 1);
+  }
+done:
+  free(got);
+  return (int)n;
+}
+
+/* A dead peer process: unfinished work of live local ranks fails with
+ * ncclRemoteError (NCCL reports a lost peer as a remote error). */
+static void fail_on_dead_peers(sim_clique *q) {
+  if (!q->h->ndead) return;
+  for (int r = 0; r < q->nranks; r++) {
+    sim_comm *c = q->slot[r];
+    if (!c || c->peer_dead_seen) continue;
+    int busy = c->staged != NULL || c->phase == SIM_PH_FINALIZE;
+    for (sim_unit *u = c->units; u && !busy; u = u->next)
+      if (u->ndone < u->n) busy = 1;
+    if (!busy) continue;
+    if (c->state != NCFSM__NCCL_SUCCESS && c->state != NCFSM__NCCL_IN_PROGRESS) continue;
+    if (c->phase == SIM_PH_INIT || c->phase == SIM_PH_REVOKE) continue;
+    c->peer_dead_seen = 1;
+    c->state = NCFSM__NCCL_REMOTE_ERROR;
+    c->phase = SIM_PH_NONE;
+    c->armed = 0;
+    c->poisoned = 0;
+    int dead = -1;
+    for (int p = 0; p < q->h->nranks && dead < 0; p++)
+      if (q->h->rank[p].dead) dead = p;
+    ncfsm__sim_warn("sim: rank %d: peer rank %d (pid %d) died; unfinished operations cannot complete "
+                    "(ncclRemoteError)", c->rank, dead, dead >= 0 ? (int)q->h->rank[dead].pid : -1);
+  }
+}
+
+static void clique_progress(sim_clique *q) {
+  if (ncfsm__sim_shm_lock(q)) return;
+  ncfsm__sim_shm_check_peers(q);
+  for (int guard = 0; guard < 1000000; guard++) {
+    int moved = collect(q);
+    for (int r = 0; r < q->nranks; r++)
+      if (q->slot[r]) moved += deposit(q, q->slot[r]);
+    moved += execute(q);
+    if (!moved) break;
+  }
+  fail_on_dead_peers(q);
+  ncfsm__sim_shm_unlock(q);
+}
+
+void ncfsm__sim_progress(void) {
+  for (sim_clique *q = ncfsm__sim_cliques; q; q = q->next) clique_progress(q);
 }

@@ -1,0 +1,440 @@
+/*
+ * The sim's shared cliques: one POSIX shared-memory segment per unique id,
+ * so that ranks in separate processes of one host (and ranks of one process
+ * alike) form one clique. docs/sim.md, "Processes", describes the model.
+ *
+ * Segment: a header (shm_hdr: clique membership, a process-shared robust
+ * mutex, the allocator), one shm_rank per rank, then the arena
+ * (NCFSM_SIM_SHM_BYTES, default 256 MiB) that holds posted op descriptors,
+ * deposited send data and results. The file is sparse: arena pages are
+ * reserved with posix_fallocate as the allocator's high-water mark grows, so
+ * a full /dev/shm is an allocation failure (ncclSystemError), never SIGBUS.
+ *
+ * Lifetime: created by whichever process arrives first (O_CREAT|O_EXCL; the
+ * others open it and wait for `ready`); unlinked by the last live rank.
+ * Crashes: a holder of the mutex that dies makes the next lock return
+ * EOWNERDEAD (its ranks are marked dead); dead peer processes are found by
+ * pid (kill 0, and /proc/<pid>/stat for zombies); a segment whose processes
+ * are all gone is unlinked by the next process that creates any sim clique
+ * (ncfsm__sim_shm_sweep) or tries to open the same name.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/sim/sim-internal.h"
+
+#define E_SYSTEM NCFSM__NCCL_SYSTEM_ERROR
+#define ALIGN 64u                       /* block and payload alignment */
+#define BACK_CHUNK (1u << 20)           /* posix_fallocate granularity */
+#define CHECK_NS (20ull * 1000 * 1000)  /* peer liveness check interval */
+#define DEFAULT_BYTES (256ull << 20)
+
+typedef struct shm_blk { /* header of an arena block (ALIGN bytes) */
+  uint64_t size;         /* whole block, header included */
+  shm_off next;          /* free list (free blocks only) */
+} shm_blk;
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+void ncfsm__sim_shm_name(const unsigned char *key, char *buf, size_t len) {
+  char hex[2 * SIM_ID_KEY_LEN + 1];
+  for (int i = 0; i < SIM_ID_KEY_LEN; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  snprintf(buf, len, "/" SIM_SHM_PREFIX "%s", hex);
+}
+
+static uint64_t arena_bytes(void) {
+  long long v = ncfsm__env_ll("NCFSM_SIM_SHM_BYTES", (long long)DEFAULT_BYTES);
+  if (v < 65536) v = 65536;
+  return round_up((uint64_t)v, 4096);
+}
+
+/* A process that is gone (or a zombie: killed but not reaped). */
+static int pid_dead(int pid) {
+  if (pid <= 0) return 1;
+  if (pid == (int)getpid()) return 0;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0; /* no /proc: trust kill() */
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* ---- allocator (first fit, address-ordered free list, coalescing) ---------- */
+
+static int ensure_backed(sim_clique *q, uint64_t end) {
+  shm_hdr *h = q->h;
+  if (end <= h->backed) return 0;
+  uint64_t nb = round_up(end, BACK_CHUNK);
+  if (nb > h->size) nb = h->size;
+  int rc = posix_fallocate(q->fd, (off_t)h->backed, (off_t)(nb - h->backed));
+  if (rc) {
+    errno = rc;
+    return -1;
+  }
+  h->backed = nb;
+  return 0;
+}
+
+shm_off ncfsm__sim_shm_alloc(sim_clique *q, size_t n, int *nospace) {
+  shm_hdr *h = q->h;
+  if (nospace) *nospace = 0;
+  if (n > h->arena_len) return 0;
+  uint64_t need = round_up((uint64_t)n, ALIGN) + ALIGN;
+  shm_off *pp = &h->free_head;
+  while (*pp) {
+    shm_blk *b = SHM_PTR(q, *pp);
+    if (b->size >= need) {
+      shm_off off = *pp;
+      uint64_t rest = b->size - need;
+      int split = rest >= 2 * ALIGN;
+      /* reserve the pages first: nothing changes when /dev/shm is full */
+      if (ensure_backed(q, off + (split ? need + ALIGN : b->size))) goto nospc;
+      if (split) { /* the rest stays free */
+        shm_blk *r = SHM_PTR(q, off + need);
+        r->size = rest;
+        r->next = b->next;
+        b->size = need;
+        *pp = off + need;
+      } else {
+        *pp = b->next;
+      }
+      h->used += b->size;
+      return off + ALIGN;
+    }
+    pp = &b->next;
+  }
+  return 0; /* the arena is full (for now) */
+nospc:
+  if (nospace) *nospace = errno ? errno : ENOSPC;
+  return 0;
+}
+
+void ncfsm__sim_shm_free(sim_clique *q, shm_off p) {
+  if (!p) return;
+  shm_hdr *h = q->h;
+  shm_off off = p - ALIGN;
+  shm_blk *b = SHM_PTR(q, off);
+  h->used -= b->size;
+  shm_off prev = 0, cur = h->free_head;
+  while (cur && cur < off) {
+    prev = cur;
+    cur = ((shm_blk *)SHM_PTR(q, cur))->next;
+  }
+  b->next = cur;
+  if (cur && off + b->size == cur) { /* merge with the next free block */
+    shm_blk *nb = SHM_PTR(q, cur);
+    b->size += nb->size;
+    b->next = nb->next;
+  }
+  if (prev) {
+    shm_blk *pb = SHM_PTR(q, prev);
+    if (prev + pb->size == off) { /* merge into the previous one */
+      pb->size += b->size;
+      pb->next = b->next;
+    } else {
+      pb->next = off;
+    }
+  } else {
+    h->free_head = off;
+  }
+}
+
+/* ---- posted ops ------------------------------------------------------------- */
+
+static void result_unref(sim_clique *q, shm_off res) {
+  if (!res) return;
+  uint64_t *refs = SHM_PTR(q, res);
+  if (--*refs == 0) ncfsm__sim_shm_free(q, res);
+}
+
+void ncfsm__sim_shm_op_release(sim_clique *q, shm_off off) {
+  if (!off) return;
+  shm_op *s = SHM_OP(q, off);
+  shm_rank *rk = &q->h->rank[s->rank];
+  if (s->prev) SHM_OP(q, s->prev)->next = s->next;
+  else rk->head = s->next;
+  if (s->next) SHM_OP(q, s->next)->prev = s->prev;
+  else rk->tail = s->prev;
+  ncfsm__sim_shm_free(q, s->send);
+  result_unref(q, s->res);
+  ncfsm__sim_shm_free(q, off);
+}
+
+void ncfsm__sim_shm_rank_dead(sim_clique *q, int r, const char *why) {
+  shm_hdr *h = q->h;
+  shm_rank *rk = &h->rank[r];
+  if (!rk->used || rk->dead || !rk->live) return;
+  rk->dead = 1;
+  rk->live = 0;
+  h->live--;
+  h->ndead++;
+  while (rk->head) ncfsm__sim_shm_op_release(q, rk->head);
+  ncfsm__sim_warn("sim: rank %d of the clique (pid %d) is gone: %s", r, (int)rk->pid, why);
+}
+
+/* ---- the robust mutex --------------------------------------------------------- */
+
+int ncfsm__sim_shm_lock(sim_clique *q) {
+  shm_hdr *h = q->h;
+  int rc = pthread_mutex_lock(&h->mu);
+  if (rc == EOWNERDEAD) {
+    int dead = h->owner_pid;
+    pthread_mutex_consistent(&h->mu);
+    h->owner_pid = (int)getpid();
+    if (dead != (int)getpid())
+      for (int r = 0; r < h->nranks; r++)
+        if (h->rank[r].used && h->rank[r].pid == dead)
+          ncfsm__sim_shm_rank_dead(q, r, "its process died holding the clique's lock");
+    return 0;
+  }
+  if (rc) {
+    ncfsm__sim_warn("sim: the shared clique's lock is unusable: %s", strerror(rc));
+    return -1;
+  }
+  h->owner_pid = (int)getpid();
+  return 0;
+}
+
+void ncfsm__sim_shm_unlock(sim_clique *q) {
+  q->h->owner_pid = 0;
+  pthread_mutex_unlock(&q->h->mu);
+}
+
+void ncfsm__sim_shm_check_peers(sim_clique *q) {
+  uint64_t now = ncfsm__now_ns();
+  if (now < q->next_check_ns) return;
+  q->next_check_ns = now + CHECK_NS;
+  shm_hdr *h = q->h;
+  for (int r = 0; r < h->nranks; r++) {
+    shm_rank *rk = &h->rank[r];
+    if (rk->used && rk->live && !rk->dead && pid_dead(rk->pid))
+      ncfsm__sim_shm_rank_dead(q, r, "its process exited or was killed");
+  }
+}
+
+/* ---- segments ---------------------------------------------------------------------- */
+
+static size_t hdr_bytes(int nranks) {
+  return (size_t)round_up(sizeof(shm_hdr) + (size_t)nranks * sizeof(shm_rank), 4096);
+}
+
+/* Stale: every process that used it is gone (see the file comment). */
+static int segment_stale(const shm_hdr *h, size_t mapped, time_t mtime) {
+  if (mapped < sizeof *h || h->magic != SIM_SHM_MAGIC || h->version != SIM_SHM_VERSION ||
+      !__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE))
+    return time(NULL) - mtime > 10; /* a creator that died before it was ready */
+  if (mapped < sizeof *h + (size_t)h->nranks * sizeof(shm_rank)) return 0;
+  if (h->unlinked) return 1;
+  if (!h->joined) return pid_dead(h->creator_pid);
+  for (int r = 0; r < h->nranks; r++)
+    if (h->rank[r].used && h->rank[r].live && !pid_dead(h->rank[r].pid)) return 0;
+  return 1;
+}
+
+/* 1 when the named segment was stale and is now unlinked. */
+static int unlink_if_stale(const char *name) {
+  int fd = shm_open(name, O_RDWR, 0);
+  if (fd < 0) return 0;
+  struct stat st;
+  int stale = 0;
+  if (fstat(fd, &st) == 0) {
+    size_t len = st.st_size > (off_t)(64 << 10) ? (size_t)(64 << 10) : (size_t)st.st_size;
+    if (len < sizeof(shm_hdr)) {
+      stale = time(NULL) - st.st_mtime > 10;
+    } else {
+      /* only the reserved part may be read (the rest can be unbacked) */
+      void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        const shm_hdr *h = p;
+        size_t ok = len;
+        if (h->magic == SIM_SHM_MAGIC && h->backed < ok) ok = (size_t)h->backed;
+        stale = segment_stale(h, ok, st.st_mtime);
+        munmap(p, len);
+      }
+    }
+  }
+  close(fd);
+  if (stale && shm_unlink(name) == 0) {
+    NCFSM_INFO(NCFSM__SUB_SIM, "sim: removed stale shared clique %s", name);
+    return 1;
+  }
+  return 0;
+}
+
+void ncfsm__sim_shm_sweep(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, SIM_SHM_PREFIX, strlen(SIM_SHM_PREFIX))) continue;
+    char name[sizeof e->d_name + 2];
+    name[0] = '/';
+    memcpy(name + 1, e->d_name, strnlen(e->d_name, sizeof e->d_name - 1) + 1);
+    unlink_if_stale(name);
+  }
+  closedir(d);
+}
+
+static int init_segment(sim_clique *q, int nranks, uint64_t seed, uint64_t arena) {
+  shm_hdr *h = q->h;
+  size_t hb = hdr_bytes(nranks);
+  memset(h, 0, hb);
+  h->magic = SIM_SHM_MAGIC;
+  h->version = SIM_SHM_VERSION;
+  h->creator_pid = (int)getpid();
+  h->nranks = nranks;
+  h->rng = seed;
+  h->size = q->size;
+  h->arena_off = hb;
+  h->arena_len = arena;
+  h->backed = hb;
+  pthread_mutexattr_t ma;
+  if (pthread_mutexattr_init(&ma) || pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED) ||
+      pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST) || pthread_mutex_init(&h->mu, &ma))
+    return -1;
+  pthread_mutexattr_destroy(&ma);
+  if (ensure_backed(q, hb + ALIGN)) return -1;
+  shm_blk *b = SHM_PTR(q, hb);
+  b->size = arena;
+  b->next = 0;
+  h->free_head = hb;
+  __atomic_store_n(&h->ready, 1, __ATOMIC_RELEASE);
+  return 0;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {0, (long)ms * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Open an existing segment and wait until its creator finished. 1: retry
+ * (it vanished or was stale), 0: attached, -1: error (errno / WARN). */
+static int open_existing(sim_clique *q) {
+  int fd = shm_open(q->name, O_RDWR, 0);
+  if (fd < 0) return errno == ENOENT ? 1 : -1;
+  struct stat st;
+  for (int i = 0;; i++) {
+    if (fstat(fd, &st)) {
+      close(fd);
+      return -1;
+    }
+    if (st.st_size >= (off_t)sizeof(shm_hdr)) break;
+    if (i >= 2000) { /* a creator that died between create and resize */
+      close(fd);
+      return unlink_if_stale(q->name) ? 1 : -1;
+    }
+    sleep_ms(1);
+  }
+  void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return -1;
+  }
+  shm_hdr *h = p;
+  for (int i = 0; !__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE); i++) {
+    if (i >= 2000) {
+      munmap(p, (size_t)st.st_size);
+      close(fd);
+      return unlink_if_stale(q->name) ? 1 : -1;
+    }
+    sleep_ms(1);
+  }
+  if (h->magic != SIM_SHM_MAGIC || h->version != SIM_SHM_VERSION || h->size != (uint64_t)st.st_size) {
+    munmap(p, (size_t)st.st_size);
+    close(fd);
+    errno = EPROTO;
+    return -1;
+  }
+  q->fd = fd;
+  q->h = h;
+  q->size = (size_t)st.st_size;
+  return 0;
+}
+
+int ncfsm__sim_shm_attach(const unsigned char *key, int nranks, uint64_t seed, sim_clique **out) {
+  *out = NULL;
+  sim_clique *q = calloc(1, sizeof *q);
+  if (q) q->slot = calloc((size_t)nranks, sizeof *q->slot);
+  if (!q || !q->slot) {
+    if (q) free(q->slot);
+    free(q);
+    ncfsm__sim_warn("ncclCommInitRank: out of memory");
+    return E_SYSTEM;
+  }
+  memcpy(q->key, key, SIM_ID_KEY_LEN);
+  q->nranks = nranks;
+  q->fd = -1;
+  ncfsm__sim_shm_name(key, q->name, sizeof q->name);
+  const char *what = "shm_open";
+  for (int attempt = 0; attempt < 8; attempt++) {
+    int fd = shm_open(q->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0) { /* we create it */
+      ncfsm__sim_shm_sweep(); /* and clean up after crashed cliques */
+      uint64_t arena = arena_bytes();
+      q->size = hdr_bytes(nranks) + (size_t)arena;
+      q->fd = fd;
+      what = "ftruncate";
+      if (ftruncate(fd, (off_t)q->size) == 0) {
+        what = "mmap";
+        void *p = mmap(NULL, q->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED) {
+          q->h = p;
+          what = "initialisation (posix_fallocate or mutex)";
+          if (init_segment(q, nranks, seed, arena) == 0) goto attached;
+          munmap(p, q->size);
+          q->h = NULL;
+        }
+      }
+      int err = errno;
+      close(fd);
+      shm_unlink(q->name);
+      errno = err;
+      break;
+    }
+    if (errno != EEXIST) break;
+    int rc = open_existing(q);
+    if (rc == 0) goto attached;
+    what = "open of the existing segment";
+    if (rc < 0) break;
+    /* rc == 1: it vanished (its last rank left) or was stale: create it */
+  }
+  ncfsm__sim_warn("ncclCommInitRank: sim shared clique %s: %s failed: %s (NCFSM_SIM_SHM_BYTES, "
+                  "/dev/shm space)", q->name, what, strerror(errno));
+  free(q->slot);
+  free(q);
+  return E_SYSTEM;
+attached:
+  q->next = ncfsm__sim_cliques;
+  ncfsm__sim_cliques = q;
+  *out = q;
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: attached shared clique %s (%d ranks, %zu bytes)", q->name,
+             q->h->nranks, q->size);
+  return NCFSM__NCCL_SUCCESS;
+}
+
+void ncfsm__sim_shm_detach(sim_clique *q) {
+  for (sim_clique **pp = &ncfsm__sim_cliques; *pp; pp = &(*pp)->next)
+    if (*pp == q) {
+      *pp = q->next;
+      break;
+    }
+  if (q->h) munmap(q->h, q->size);
+  if (q->fd >= 0) close(q->fd);
+  free(q->slot);
+  free(q);
+}
