@@ -490,6 +490,13 @@ static void describe_op(const ncfsm_work *w, char *buf, size_t len) {
            (unsigned long long)w->fp.seq, w->comm->rank, w->op.send, (void *)w->op.recv, w->op.count);
 }
 
+static bool mixed_blocking(const ncfsm_work *works) {
+  for (const ncfsm_work *w = works->bnext; w; w = w->bnext)
+    if (w->comm->opts.blocking != works->comm->opts.blocking || w->comm->be != works->comm->be)
+      return true;
+  return false;
+}
+
 ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
   if (!loop_ok(loop)) return NCFSM_ERR_INVALID_ARGUMENT;
   LOCK(loop);
@@ -517,6 +524,10 @@ ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
     loop_error(loop, "ncfsm_group_end: the group failed: an earlier call in it returned %s (R3); its "
                      "other works fail with NCFSM_ERR_GROUP and nothing reached the backend",
                ncfsm_err_name(err));
+  } else if (works && mixed_blocking(works)) {
+    err = NCFSM_ERR_INVALID_USAGE;
+    loop_error(loop, "ncfsm_group_end: the group mixes blocking and nonblocking communicators (R3: "
+                     "NCCL refuses or mis-runs such a group); put them in separate groups");
   } else if (works && loop->opts.overlap != NCFSM_OVERLAP_OFF) {
     ncfsm_work *x, *y;
     if (ncfsm__find_overlap(works, &x, &y)) {

@@ -515,7 +515,8 @@ static void issue_inits(ncfsm_loop *loop) {
   /* One group: one thread may drive several ranks (R3), as ncclCommInitAll does. */
   const ncfsm__backend *be = todo[0]->be;
   bool grouped = n > 1;
-  for (int i = 1; i < n; i++) grouped &= todo[i]->be == be;
+  for (int i = 1; i < n; i++)
+    grouped &= todo[i]->be == be && todo[i]->opts.blocking == todo[0]->opts.blocking;
   if (grouped) be->group_start();
   int rcs[64];
   for (int i = 0; i < n; i++) {
@@ -588,7 +589,12 @@ bool ncfsm__launch(ncfsm_loop *loop) {
     ncfsm__batch *bn = b->next;
     bool ok = true;
     for (ncfsm_work *w = b->head; w && ok; w = w->bnext) {
-      if (!launchable(w->comm) || (taken && w->comm->be != taken->comm->be)) ok = false;
+      /* One NCCL group holds comms of one backend and one blocking mode
+       * (NCCL would run a mixed group as nonblocking and leave the blocking
+       * comms in progress). */
+      if (!launchable(w->comm) ||
+          (taken && (w->comm->be != taken->comm->be || w->comm->opts.blocking != taken->comm->opts.blocking)))
+        ok = false;
       for (int i = 0; i < nblocked && ok; i++)
         if (blocked[i] == w->comm) ok = false;
     }
