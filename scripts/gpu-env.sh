@@ -1,9 +1,11 @@
 # Source on the GPU machine, from the repository root:
 #   . scripts/gpu-env.sh [2.28.3|2.28.9]
-# Runtime libraries the host lacks (jansson, cmocka, xxhash) come from .gpu/lib
-# (copied there from shared/gpu-host/*.deb and this machine; see docs/results/README.md).
+# Runtime libraries the host may lack (jansson, cmocka, xxhash, and Debian's
+# libpmix.so.2 with its dependencies) come from .gpu/lib, which is searched
+# LAST so that the host's own copies win (copied there from
+# shared/gpu-host/*.deb and this machine; see docs/results/README.md).
 # 2.28.3 is the system NCCL; 2.28.9 is the torch wheel's.
-export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.gpu/lib"
 export NCCL_NVLS_ENABLE=0
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 NCFSM_NCCL_WHEEL_LIB="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
