@@ -97,6 +97,9 @@ typedef struct ncfsm__backend {
   int (*mem_alloc)(int device, size_t bytes, void **ptr);
   int (*mem_free)(int device, void *ptr);
   int (*memcpy_sync)(int device, void *dst, const void *src, size_t bytes, int to_device);
+  /* Optional: an event that can (timing 1) or need not (0) measure time;
+   * NULL: event_create, which always can. */
+  int (*event_create_flags)(int device, int timing, void **ev);
 } ncfsm__backend;
 
 extern const ncfsm__backend ncfsm__backend_sim;

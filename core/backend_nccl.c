@@ -631,7 +631,7 @@ static int b_stream_device(void *stream, int *device) {
   return 0;
 }
 
-static int b_event_create(int device, void **ev) {
+static int event_create(int device, int timing, void **ev) {
   *ev = NULL;
   nccl_event *e = malloc(sizeof *e);
   if (!e) return (int)cudaErrorMemoryAllocation;
@@ -640,8 +640,9 @@ static int b_event_create(int device, void **ev) {
     free(e);
     return rc;
   }
-  /* Timing enabled: event_elapsed_ms uses cudaEventElapsedTime. */
-  cudaError_t ce = rt.cudaEventCreateWithFlags(&e->ev, cudaEventDefault);
+  /* Timing only when asked (event_elapsed_ms needs it): a timing event costs
+   * several microseconds per round trip (measured, docs/benchmarks.md). */
+  cudaError_t ce = rt.cudaEventCreateWithFlags(&e->ev, timing ? cudaEventDefault : cudaEventDisableTiming);
   if (ce != cudaSuccess) {
     free(e);
     NCFSM_WARN(NCFSM__SUB_BACKEND, "cudaEventCreateWithFlags on device %d failed: %s", device, cuda_err(ce));
@@ -651,6 +652,9 @@ static int b_event_create(int device, void **ev) {
   *ev = e;
   return 0;
 }
+
+static int b_event_create(int device, void **ev) { return event_create(device, 1, ev); }
+static int b_event_create_flags(int device, int timing, void **ev) { return event_create(device, timing, ev); }
 
 /* The engine records only after a launch is final (R2): an event recorded
  * while the group end is InProgress completes before the kernels exist. */
@@ -745,6 +749,7 @@ const ncfsm__backend ncfsm__backend_nccl = {
     .stream_destroy = b_stream_destroy,
     .stream_device = b_stream_device,
     .event_create = b_event_create,
+    .event_create_flags = b_event_create_flags,
     .event_record = b_event_record,
     .event_query = b_event_query,
     .event_elapsed_ms = b_event_elapsed_ms,

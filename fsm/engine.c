@@ -265,7 +265,9 @@ static ncfsm__mark *mark_get(ncfsm_comm *c) {
   } else {
     m = calloc(1, sizeof *m);
     if (!m) return NULL;
-    if (c->be->event_create(c->opts.device, &m->event) != 0) {
+    int rc = c->be->event_create_flags ? c->be->event_create_flags(c->opts.device, c->opts.timing, &m->event)
+                                       : c->be->event_create(c->opts.device, &m->event);
+    if (rc != 0) {
       free(m);
       return NULL;
     }
@@ -804,7 +806,7 @@ void ncfsm__progress(ncfsm_loop *loop) {
       watchdog(c, now);
     }
   }
-  if (ncfsm__loop_pending(loop)) ncfsm__loop_arm_poll(loop, progress);
+  if (ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, progress);
 }
 
 /* ---- R12 overlap detection ---------------------------------------------------------- */

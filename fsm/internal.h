@@ -126,6 +126,7 @@ struct ncfsm_loop {
   struct event *ev_poll; /* progress timer */
   bool poll_armed;
   bool kick;             /* something needs a turn (launch, init, abort, finalize) */
+  bool poll_now;         /* an immediate re-poll is due (own base: turned directly) */
   unsigned poll_iter;
   ncfsm_loop_opts opts;
   pthread_t runner;      /* thread inside the loop (valid when running) */
@@ -168,7 +169,8 @@ const char *ncfsm__call_fn(ncfsm_call_t c);
 bool ncfsm__loop_can_drive(ncfsm_loop *loop); /* caller may make backend calls now */
 void ncfsm__loop_wake(ncfsm_loop *loop);
 void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress);
-bool ncfsm__loop_pending(ncfsm_loop *loop);
+bool ncfsm__loop_pending(ncfsm_loop *loop);      /* anything at all to do */
+bool ncfsm__loop_poll_pending(ncfsm_loop *loop); /* something the poll timer watches */
 void ncfsm__loop_flush_notes(ncfsm_loop *loop); /* called with mu held; drops and retakes it */
 void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec);
 

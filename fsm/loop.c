@@ -1,6 +1,7 @@
 /* The loop: a libevent base, the wakeup event, the progress timer, and the
  * delivery of callbacks on the loop thread. The only file that calls libevent. */
 #include <errno.h>
+#include <sched.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
                : !strcmp(ov, "off") ? NCFSM_OVERLAP_OFF
                                     : NCFSM_OVERLAP_REJECT;
   o->poll_burst = (unsigned)ncfsm__env_ll("NCFSM_POLL_BURST", 64);
-  o->poll_max_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_MAX_US", 1000);
+  o->poll_max_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_MAX_US", 100);
   o->coalesce_max = (unsigned)ncfsm__env_ll("NCFSM_COALESCE_MAX", 64);
   if (o->coalesce_max == 0) o->coalesce_max = 1;
 }
@@ -55,6 +56,17 @@ void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec) {
 void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
   if (progress) loop->poll_iter = 0;
   if (loop->poll_armed) return;
+  if (loop->poll_iter < loop->opts.poll_burst && loop->own_base) {
+    /* Immediate re-poll: the thread that drives the loop turns it directly
+     * (ncfsm_loop_run, the loop thread), yielding the CPU first, without an
+     * epoll_wait per poll. */
+    loop->poll_iter++;
+    loop->poll_now = true;
+    loop->poll_armed = true;
+    if (loop->running && !pthread_equal(loop->runner, pthread_self()))
+      event_active(loop->ev_wake, EV_READ, 0);
+    return;
+  }
   struct timeval tv = {0, 0};
   if (loop->poll_iter >= loop->opts.poll_burst) {
     unsigned shift = loop->poll_iter - loop->opts.poll_burst;
@@ -109,7 +121,8 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
 static void turn(ncfsm_loop *loop, bool poll) {
   pthread_mutex_lock(&loop->mu);
   set_runner(loop);
-  if (poll) loop->poll_armed = false;
+  if (poll || loop->poll_now) loop->poll_armed = false;
+  loop->poll_now = false;
   loop->kick = false;
   ncfsm__progress(loop);
   if (ncfsm__launch(loop)) {
@@ -122,13 +135,33 @@ static void turn(ncfsm_loop *loop, bool poll) {
     ncfsm__launch(loop);
     ncfsm__loop_flush_notes(loop);
   }
-  if (!loop->poll_armed && ncfsm__loop_pending(loop)) ncfsm__loop_arm_poll(loop, false);
+  if (!loop->poll_armed && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, false);
   clear_runner(loop);
   pthread_mutex_unlock(&loop->mu);
 }
 
+/* Something to do without waiting: queued work (kick), an immediate re-poll,
+ * callbacks to deliver. Called with mu held. */
+static bool direct_work(const ncfsm_loop *loop) {
+  return loop->kick || loop->poll_now || loop->notify_head || loop->snote_head || loop->calls_head;
+}
+
+/* One direct turn; an immediate re-poll first yields the CPU, so that NCCL's
+ * helper thread finishing a nonblocking launch can run on a shared core. */
+static void direct_turn(ncfsm_loop *loop, bool yield) {
+  if (yield) sched_yield();
+  turn(loop, false);
+}
+
 static void on_wake(evutil_socket_t fd, short what, void *arg) { turn(arg, false); }
-static void on_poll(evutil_socket_t fd, short what, void *arg) { turn(arg, true); }
+static void on_poll(evutil_socket_t fd, short what, void *arg) {
+  ncfsm_loop *loop = arg;
+  pthread_mutex_lock(&loop->mu);
+  bool immediate = loop->poll_iter <= loop->opts.poll_burst;
+  pthread_mutex_unlock(&loop->mu);
+  if (immediate) sched_yield(); /* embedded bases poll through libevent */
+  turn(loop, true);
+}
 
 static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm_loop_opts *opts,
                                   ncfsm_loop **out) {
@@ -144,7 +177,13 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   if (loop->opts.coalesce_max == 0) loop->opts.coalesce_max = 1;
   if (loop->opts.poll_max_us == 0) loop->opts.poll_max_us = 1;
   if (own) {
-    base = event_base_new();
+    /* Precise timers (timerfd): the poll back-off is in microseconds, and
+     * epoll_wait's millisecond rounding would turn a 1 us poll into ~4 ms
+     * (measured on the GPU machine, docs/benchmarks.md). */
+    struct event_config *ecfg = event_config_new();
+    if (ecfg) event_config_set_flag(ecfg, EVENT_BASE_FLAG_PRECISE_TIMER);
+    base = ecfg ? event_base_new_with_config(ecfg) : NULL;
+    if (ecfg) event_config_free(ecfg);
     if (!base) { free(loop); return NCFSM_ERR_SYSTEM; }
   } else if (evthread_make_base_notifiable(base) != 0) {
     free(loop);
@@ -195,8 +234,9 @@ struct event_base *ncfsm_loop_base(ncfsm_loop *loop) {
   return loop && loop->magic == NCFSM__LOOP_MAGIC ? loop->base : NULL;
 }
 
-bool ncfsm__loop_pending(ncfsm_loop *loop) {
-  if (loop->kick || (loop->bq_head && loop->group_depth == 0) || loop->notify_head || loop->snote_head || loop->calls_head) return true;
+/* Something the progress timer must watch: a comm in progress, a launch not
+ * final, works in flight, an abort to issue. */
+bool ncfsm__loop_poll_pending(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     switch (c->state) {
       case NCFSM_STATE_INIT_IN_PROGRESS:
@@ -214,6 +254,13 @@ bool ncfsm__loop_pending(ncfsm_loop *loop) {
   return false;
 }
 
+bool ncfsm__loop_pending(ncfsm_loop *loop) {
+  if (loop->kick || loop->poll_now || (loop->bq_head && loop->group_depth == 0) || loop->notify_head ||
+      loop->snote_head || loop->calls_head)
+    return true;
+  return ncfsm__loop_poll_pending(loop);
+}
+
 ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&loop->mu);
@@ -226,11 +273,12 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   pthread_mutex_unlock(&loop->mu);
   for (;;) {
     pthread_mutex_lock(&loop->mu);
-    bool direct = loop->kick || loop->notify_head || loop->snote_head || loop->calls_head;
+    bool direct = direct_work(loop);
+    bool yield = loop->poll_now && !loop->kick;
     bool pending = direct || ncfsm__loop_pending(loop);
     pthread_mutex_unlock(&loop->mu);
     if (direct) {
-      turn(loop, false); /* queued work: no need to go through libevent */
+      direct_turn(loop, yield); /* no need to go through libevent */
     } else {
       if (mode == NCFSM_RUN_DEFAULT && !pending) return NCFSM_OK;
       int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK : EVLOOP_ONCE;
@@ -245,10 +293,11 @@ static void *loop_thread_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&loop->mu);
     bool stop = loop->thread_stop;
-    bool direct = loop->kick || loop->notify_head || loop->snote_head || loop->calls_head;
+    bool direct = direct_work(loop);
+    bool yield = loop->poll_now && !loop->kick;
     pthread_mutex_unlock(&loop->mu);
     if (stop) break;
-    if (direct) turn(loop, false); /* work queued before the thread started */
+    if (direct) direct_turn(loop, yield);
     else event_base_loop(loop->base, EVLOOP_ONCE | EVLOOP_NO_EXIT_ON_EMPTY);
   }
   return NULL;
