@@ -1,9 +1,10 @@
 # Source on the GPU machine, from the repository root:
 #   . scripts/gpu-env.sh [2.28.3|2.28.9]
-# Runtime libraries the host may lack (jansson, cmocka, xxhash, and Debian's
-# libpmix.so.2 with its dependencies) come from .gpu/lib, which is searched
-# LAST so that the host's own copies win (copied there from
-# shared/gpu-host/*.deb and this machine; see docs/results/README.md).
+# Runtime libraries the host lacks (jansson, cmocka, xxhash) come from
+# .gpu/lib, searched LAST so that the host's own libraries win (copied there
+# from shared/gpu-host/*.deb and this machine; see docs/results/README.md).
+# Never put libpmix there: it would shadow the host's PMIx 5, which mpirun's
+# plugins need (measured: "undefined symbol: PMIx_Info_create").
 # 2.28.3 is the system NCCL; 2.28.9 is the torch wheel's.
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.gpu/lib"
 export NCCL_NVLS_ENABLE=0

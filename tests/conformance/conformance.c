@@ -1566,6 +1566,15 @@ static const known_t knowns[] = {
     {"destroy_poisoned_cascade", "raw", "nccl", "async", "r0=InvalidArgument next=Success,Success",
      "as above: the next communicator created on the thread was fine"},
     {"destroy_poisoned_cascade", "raw", "nccl", "health", "healthy", "as above"},
+    {"destroy_inprogress_cascade", "raw", "nccl", "rc",
+     "finalize-again=InvalidArgument destroy(r0)=InvalidArgument next:gs=Success init=Success,Success ge=Success",
+     "PARTLY REPRODUCED (R4): the second Finalize and the Destroy right after it returned ncclInvalidArgument "
+     "as measured in NCCL-RULES, but the NEXT communicator created on the thread initialised normally on "
+     "2.28.3 and 2.28.9 (one process, one thread, two GPUs): the cross-communicator cascade did not occur"},
+    {"destroy_inprogress_cascade", "raw", "nccl", "async", "r0=InvalidArgument next=Success,Success",
+     "as above: rank 0 stayed poisoned (ncclInvalidArgument), the next communicator reached ncclSuccess"},
+    {"destroy_inprogress_cascade", "raw", "nccl", "health", "healthy",
+     "as above: the next communicator was healthy; rank 0 was aborted by the scenario's cleanup"},
     {"mixed_blocking_nonblocking", "raw", "nccl", "rc",
      "ops(blk,blk,nb,nb)=Success,Success,Success,Success ge=InProgress",
      "NOT REPRODUCED (R3 'Blocking and nonblocking communicators in one group: ncclInvalidArgument'): for "
