@@ -20,8 +20,11 @@ for v in 2.28.3 2.28.9; do
     NCFSM_BACKEND=nccl "$BUILD/examples/01_lifecycle"
     echo "exit $?"
     echo
-    echo "\$ (cd $BUILD && ctest -L gpu --output-on-failure)"
-    (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300)
+    echo "\$ (cd $BUILD && ctest -L gpu -V)"
+    (cd "$BUILD" && ctest -L gpu -V --timeout 300)
     echo "exit $?"
+    for f in "$BUILD"/tests/conformance/conformance-nccl.*; do
+      [ -f "$f" ] && cp "$f" "$OUT/$(basename "${f%.*}")-$v.${f##*.}"
+    done
   ) 2>&1 | tee "$OUT/gpu-suite-$v.txt"
 done
