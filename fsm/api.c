@@ -119,6 +119,7 @@ ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncf
   LOCK(loop);
   c->next = loop->comms;
   loop->comms = c;
+  loop->ncomms++;
   UNLOCK(loop);
   *out = c;
   return NCFSM_OK;
@@ -144,6 +145,7 @@ ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_
     c->rank = rank;
     c->uid = *id;
     ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_start_init: issued at the next turn */
+    loop->ctl = true;
     ncfsm__loop_wake(loop);
   }
   UNLOCK(loop);
@@ -155,6 +157,7 @@ static void uid_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
   (void)req;
   (void)status;
   pthread_mutex_lock(&c->loop->mu);
+  c->loop->ctl = true;
   ncfsm__loop_wake(c->loop); /* the next turn takes the id and issues the init */
   pthread_mutex_unlock(&c->loop->mu);
 }
@@ -329,6 +332,7 @@ ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *c) {
   if (check_legal(c, NCFSM_CALL_FINALIZE) == NCFSM_REJECT) r = NCFSM_ERR_ILLEGAL_STATE;
   else {
     ncfsm__fire(c, NCFSM_EV_FINALIZE, NCFSM_OK); /* act_finalize_after_queue (R4) */
+    loop->ctl = true;
     ncfsm__loop_wake(loop);
   }
   UNLOCK(loop);

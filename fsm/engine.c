@@ -31,7 +31,7 @@ static void comm_free(ncfsm_comm *c) {
   if (c->uid_req) ncfsm_boot_req_free(c->uid_req);
   free(c->uid_buf);
   for (ncfsm_comm **pp = &loop->comms; *pp; pp = &(*pp)->next)
-    if (*pp == c) { *pp = c->next; break; }
+    if (*pp == c) { *pp = c->next; loop->ncomms--; break; }
   while (c->free_marks) {
     ncfsm__mark *m = c->free_marks;
     c->free_marks = m->next_free;
@@ -234,7 +234,10 @@ void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int
   ncfsm__fire(c, ev, cause);
   c->busy = false;
   fail_all(c, ev == NCFSM_EV_TIMEOUT ? NCFSM_WORK_TIMED_OUT : NCFSM_WORK_FAILED, cause);
-  if (c->opts.on_error == NCFSM_ON_ERROR_ABORT) c->abort_pending = true;
+  if (c->opts.on_error == NCFSM_ON_ERROR_ABORT) {
+    c->abort_pending = true;
+    c->loop->ctl = true;
+  }
   else if (c->opts.on_error == NCFSM_ON_ERROR_EXIT) {
     fprintf(stderr, "ncfsm: %s; exiting (on_error=exit)\n", c->last_error);
     exit(3);
@@ -493,11 +496,18 @@ void ncfsm__spanset_free(ncfsm__spanset *ss) {
 static void issue_inits(ncfsm_loop *loop) {
   ncfsm_comm *todo[64];
   int n = 0;
-  for (ncfsm_comm *c = loop->comms; c && n < 64; c = c->next) {
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     if (c->state != NCFSM_STATE_INIT_IN_PROGRESS || c->init_issued) continue;
+    if (n == 64) { /* the rest in the next turn */
+      loop->ctl = true;
+      break;
+    }
     if (c->uid_req) { /* the unique id comes through the bootstrap */
       ncfsm_result_t r = ncfsm_boot_test(c->uid_req);
-      if (r == NCFSM_ERR_AGAIN) continue;
+      if (r == NCFSM_ERR_AGAIN) {
+        loop->ctl = true;
+        continue;
+      }
       ncfsm_boot_req_free(c->uid_req);
       c->uid_req = NULL;
       if (r != NCFSM_OK) {
@@ -573,8 +583,14 @@ static void issue_aborts(ncfsm_loop *loop) {
 }
 
 bool ncfsm__launch(ncfsm_loop *loop) {
-  issue_aborts(loop);
-  issue_inits(loop);
+  /* Control work (aborts, inits, finalizes) is rare: scan for it only when
+   * something asked for it (loop->ctl), and keep asking while a comm waits. */
+  bool ctl = loop->ctl;
+  loop->ctl = false;
+  if (ctl) {
+    issue_aborts(loop);
+    issue_inits(loop);
+  }
 
   /* Take launchable batches in FIFO order; a comm whose batch cannot go
    * blocks its later batches (per-comm order is kept). */
@@ -582,8 +598,7 @@ bool ncfsm__launch(ncfsm_loop *loop) {
   int nblocked = 0;
   ncfsm_work *taken = NULL, *taken_tail = NULL;
   unsigned ntaken = 0;
-  int ncomms = 0;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) ncomms++;
+  int ncomms = loop->ncomms;
   loop->spans->nw = loop->spans->nr = 0;
   loop->spans->lazy_head = loop->spans->lazy_tail = NULL;
   ncfsm__batch *prev = NULL, *b = loop->bq_head;
@@ -690,10 +705,12 @@ bool ncfsm__launch(ncfsm_loop *loop) {
     loop->poll_iter = 0; /* progress: restart the burst of immediate polls */
   }
 
-  for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    if (c->state == NCFSM_STATE_FINALIZING && !c->busy && !c->fin_issued && c->npending == 0 &&
-        c->bcomm)
-      issue_finalize(c);
+  if (ctl)
+    for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+      if (c->state != NCFSM_STATE_FINALIZING || c->fin_issued || !c->bcomm) continue;
+      if (!c->busy && c->npending == 0) issue_finalize(c);
+      else loop->ctl = true; /* queued ops launch first; look again next turn */
+    }
   return taken != NULL;
 }
 

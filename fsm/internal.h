@@ -128,12 +128,16 @@ struct ncfsm_loop {
   bool kick;             /* something needs a turn (launch, init, abort, finalize) */
   bool poll_now;         /* an immediate re-poll is due (own base: turned directly) */
   unsigned poll_iter;
+  unsigned backoff;        /* timed polls since the burst ended */
+  uint64_t burst_start_ns; /* last progress: the immediate-poll burst runs from here */
   ncfsm_loop_opts opts;
   pthread_t runner;      /* thread inside the loop (valid when running) */
   int running;
   pthread_t thread;      /* ncfsm_loop_start_thread */
   bool thread_started, thread_stop;
   ncfsm_comm *comms;
+  int ncomms;
+  bool ctl;              /* control work may be due: aborts, inits, finalizes */
   /* group (R3) */
   int group_depth;
   pthread_t group_owner;

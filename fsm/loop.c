@@ -1,6 +1,7 @@
 /* The loop: a libevent base, the wakeup event, the progress timer, and the
  * delivery of callbacks on the loop thread. The only file that calls libevent. */
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -21,6 +22,7 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
                : !strcmp(ov, "off") ? NCFSM_OVERLAP_OFF
                                     : NCFSM_OVERLAP_REJECT;
   o->poll_burst = (unsigned)ncfsm__env_ll("NCFSM_POLL_BURST", 64);
+  o->poll_burst_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_BURST_US", 200);
   o->poll_max_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_MAX_US", 100);
   o->coalesce_max = (unsigned)ncfsm__env_ll("NCFSM_COALESCE_MAX", 64);
   if (o->coalesce_max == 0) o->coalesce_max = 1;
@@ -50,31 +52,38 @@ void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec) {
   if (loop->trace) loop->trace(rec, loop->trace_arg);
 }
 
-/* Adaptive progress schedule: poll_burst immediate re-polls after the last
- * progress, then intervals doubling from 1 us up to poll_max_us. No timer
- * is armed when nothing is pending. */
+/* Adaptive progress schedule: immediate re-polls after the last progress
+ * (at least poll_burst of them, and for at least poll_burst_us, which covers
+ * a small collective's round trip), then intervals doubling from 1 us up to
+ * poll_max_us. No timer is armed when nothing is pending. */
 void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
-  if (progress) loop->poll_iter = 0;
+  if (progress) {
+    loop->poll_iter = 0;
+    loop->backoff = 0;
+    loop->burst_start_ns = ncfsm__now_ns();
+  }
   if (loop->poll_armed) return;
-  if (loop->poll_iter < loop->opts.poll_burst && loop->own_base) {
-    /* Immediate re-poll: the thread that drives the loop turns it directly
-     * (ncfsm_loop_run, the loop thread), yielding the CPU first, without an
-     * epoll_wait per poll. */
-    loop->poll_iter++;
-    loop->poll_now = true;
+  bool immediate = loop->poll_iter < loop->opts.poll_burst ||
+                   ncfsm__now_ns() - loop->burst_start_ns < (uint64_t)loop->opts.poll_burst_us * 1000;
+  if (immediate) {
+    if (loop->poll_iter < UINT_MAX) loop->poll_iter++;
     loop->poll_armed = true;
-    if (loop->running && !pthread_equal(loop->runner, pthread_self()))
-      event_active(loop->ev_wake, EV_READ, 0);
+    if (loop->own_base) {
+      /* The thread that drives the loop turns it directly (ncfsm_loop_run,
+       * the loop thread), yielding the CPU first, without an epoll_wait. */
+      loop->poll_now = true;
+      if (loop->running && !pthread_equal(loop->runner, pthread_self()))
+        event_active(loop->ev_wake, EV_READ, 0);
+    } else {
+      struct timeval tv = {0, 0};
+      evtimer_add(loop->ev_poll, &tv);
+    }
     return;
   }
-  struct timeval tv = {0, 0};
-  if (loop->poll_iter >= loop->opts.poll_burst) {
-    unsigned shift = loop->poll_iter - loop->opts.poll_burst;
-    unsigned long us = shift >= 20 ? loop->opts.poll_max_us : (1ul << shift);
-    if (us > loop->opts.poll_max_us) us = loop->opts.poll_max_us;
-    tv.tv_usec = (suseconds_t)us;
-  }
-  loop->poll_iter++;
+  unsigned long us = loop->backoff >= 20 ? loop->opts.poll_max_us : (1ul << loop->backoff);
+  if (us > loop->opts.poll_max_us) us = loop->opts.poll_max_us;
+  loop->backoff++;
+  struct timeval tv = {0, (suseconds_t)us};
   loop->poll_armed = true;
   evtimer_add(loop->ev_poll, &tv);
 }
@@ -157,7 +166,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) { turn(arg, false
 static void on_poll(evutil_socket_t fd, short what, void *arg) {
   ncfsm_loop *loop = arg;
   pthread_mutex_lock(&loop->mu);
-  bool immediate = loop->poll_iter <= loop->opts.poll_burst;
+  bool immediate = loop->backoff == 0;
   pthread_mutex_unlock(&loop->mu);
   if (immediate) sched_yield(); /* embedded bases poll through libevent */
   turn(loop, true);

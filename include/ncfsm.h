@@ -103,6 +103,7 @@ typedef enum ncfsm_overlap_policy {
 typedef struct ncfsm_loop_opts {
   ncfsm_overlap_policy_t overlap;  /* R12 check at group end */
   unsigned poll_burst;             /* immediate re-polls before backing off (default 64) */
+  unsigned poll_burst_us;          /* ... and at least this long after the last progress (default 200) */
   unsigned poll_max_us;            /* longest poll interval (default 100) */
   unsigned coalesce_max;           /* most ops launched in one backend group (default 64; 1 = off) */
 } ncfsm_loop_opts;

@@ -180,6 +180,7 @@ static void gather_settings(report *r) {
   set(s++, "NCFSM_OVERLAP", choice_note(getenv("NCFSM_OVERLAP"), overlap), "%s",
       lo.overlap == NCFSM_OVERLAP_WARN ? "warn" : lo.overlap == NCFSM_OVERLAP_OFF ? "off" : "reject");
   set(s++, "NCFSM_POLL_BURST", numeric_note(getenv("NCFSM_POLL_BURST")), "%u", lo.poll_burst);
+  set(s++, "NCFSM_POLL_BURST_US", numeric_note(getenv("NCFSM_POLL_BURST_US")), "%u", lo.poll_burst_us);
   set(s++, "NCFSM_POLL_MAX_US", numeric_note(getenv("NCFSM_POLL_MAX_US")), "%u", lo.poll_max_us);
   set(s++, "NCFSM_COALESCE_MAX", numeric_note(getenv("NCFSM_COALESCE_MAX")), "%u%s", lo.coalesce_max,
       lo.coalesce_max == 1 ? " (off)" : "");
