@@ -716,7 +716,13 @@ bool ncfsm__launch(ncfsm_loop *loop) {
 
 /* ---- progress --------------------------------------------------------------------- */
 
-static bool needs_poll(const ncfsm_comm *c) {
+/* While a comm only has works in flight (no phase in progress), its async
+ * state is watched (R10) at most every ASYNC_WATCH_NS: completion is seen
+ * through the events, and a poll of ncclCommGetAsyncError (which joins NCCL's
+ * helper thread, R9) on every tick would slow that down. */
+#define ASYNC_WATCH_NS 50000ull
+
+static bool needs_poll(ncfsm_comm *c, uint64_t *now) {
   if (!c->bcomm) return false;
   switch (c->state) {
     case NCFSM_STATE_INIT_IN_PROGRESS: return c->init_issued;
@@ -727,7 +733,12 @@ static bool needs_poll(const ncfsm_comm *c) {
     case NCFSM_STATE_GROUP_OPEN:
     case NCFSM_STATE_FINALIZED:
       for (int i = 0; i < c->nsq; i++)
-        if (c->sq[i].head) return true; /* R10: watch the async state too */
+        if (c->sq[i].head) { /* R10: watch the async state too */
+          if (!*now) *now = ncfsm__now_ns();
+          if (*now - c->async_watch_ns < ASYNC_WATCH_NS) return false;
+          c->async_watch_ns = *now;
+          return true;
+        }
       return false;
     default: return false;
   }
@@ -816,8 +827,8 @@ void ncfsm__progress(ncfsm_loop *loop) {
   bool progress = false;
   uint64_t now = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
-    if (needs_poll(c)) progress |= poll_comm(c);
-    if (c->nsq) progress |= drain_streams(c);
+    if (c->nsq) progress |= drain_streams(c); /* first: a drained comm needs no async watch */
+    if (needs_poll(c, &now)) progress |= poll_comm(c);
     if (c->opts.timeout_ms) {
       if (!now) now = ncfsm__now_ns();
       watchdog(c, now);

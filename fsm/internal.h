@@ -106,6 +106,7 @@ struct ncfsm_comm {
   uint64_t *p2p_seq;  /* per peer */
   uint64_t hash;
   uint64_t phase_deadline;
+  uint64_t async_watch_ns; /* last async-state poll while works were in flight */
   uint64_t be_calls;   /* backend calls made for this comm (not polls/events): tests */
   char last_error[512];
 };
