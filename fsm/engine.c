@@ -494,7 +494,7 @@ void ncfsm__spanset_free(ncfsm__spanset *ss) {
 }
 
 static void issue_inits(ncfsm_loop *loop) {
-  ncfsm_comm *todo[64];
+  ncfsm_comm *inits[64];
   int n = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     if (c->state != NCFSM_STATE_INIT_IN_PROGRESS || c->init_issued) continue;
@@ -521,18 +521,18 @@ static void issue_inits(ncfsm_loop *loop) {
       free(c->uid_buf);
       c->uid_buf = NULL;
     }
-    todo[n++] = c;
+    inits[n++] = c;
   }
   if (!n) return;
   /* One group: one thread may drive several ranks (R3), as ncclCommInitAll does. */
-  const ncfsm__backend *be = todo[0]->be;
+  const ncfsm__backend *be = inits[0]->be;
   bool grouped = n > 1;
   for (int i = 1; i < n; i++)
-    grouped &= todo[i]->be == be && todo[i]->opts.blocking == todo[0]->opts.blocking;
+    grouped &= inits[i]->be == be && inits[i]->opts.blocking == inits[0]->opts.blocking;
   if (grouped) be->group_start();
   int rcs[64];
   for (int i = 0; i < n; i++) {
-    ncfsm_comm *c = todo[i];
+    ncfsm_comm *c = inits[i];
     ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
     c->init_issued = true;
     c->be_calls++;
@@ -540,7 +540,7 @@ static void issue_inits(ncfsm_loop *loop) {
   }
   int grc = grouped ? be->group_end() : NCFSM__NCCL_SUCCESS;
   for (int i = 0; i < n; i++) {
-    ncfsm_comm *c = todo[i];
+    ncfsm_comm *c = inits[i];
     int rc = IS_ERR(rcs[i]) ? rcs[i] : IS_ERR(grc) ? grc : rcs[i];
     if (IS_ERR(rc) || !c->bcomm) {
       ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, IS_ERR(rc) ? rc : NCFSM__NCCL_INTERNAL_ERROR,
