@@ -1545,10 +1545,6 @@ static const known_t knowns[] = {
      "already ran rank 0's op, so there is nothing in flight to abort"},
     {"abort_in_flight", "ncfsm", "sim", "data", "works=OK,ABORTED",
      "as above: rank 0's work completed before the abort (no device time in the sim); rank 1's was aborted"},
-    {"init", "raw", "sim", "rc", "init:gs=Success init=InProgress,InProgress ge=InProgress",
-     "OPEN sim gap (small): inside an explicit group NCCL 2.28.3/2.28.9 return ncclSuccess from "
-     "ncclCommInitRankConfig on a nonblocking comm (the group end returns InProgress); the sim returns "
-     "InProgress from the init call"},
     /* measured on the GPU host where NCCL differs from NCCL-RULES (docs/conformance.md) */
     {"call_during_inprogress", "raw", "nccl", "data", "first=wrong second=wrong",
      "NOT REPRODUCED (R2 'the first operation's data was correct'): here the first launch was the comm's first "
