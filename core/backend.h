@@ -100,6 +100,9 @@ typedef struct ncfsm__backend {
   /* Optional: an event that can (timing 1) or need not (0) measure time;
    * NULL: event_create, which always can. */
   int (*event_create_flags)(int device, int timing, void **ev);
+  /* Optional: NCFSM__HAS_* for one communicator (the sim can model a 2.28.3
+   * runtime per comm); NULL: features() holds for every comm. */
+  unsigned (*comm_features)(void *bcomm);
 } ncfsm__backend;
 
 extern const ncfsm__backend ncfsm__backend_sim;

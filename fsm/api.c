@@ -405,7 +405,8 @@ static ncfsm_result_t do_abort(ncfsm_comm *c) {
 
 static ncfsm_result_t do_revoke(ncfsm_comm *c) {
   if (check_legal(c, NCFSM_CALL_REVOKE) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
-  if (!(c->be->features() & NCFSM__HAS_REVOKE)) {
+  unsigned feat = c->bcomm && c->be->comm_features ? c->be->comm_features(c->bcomm) : c->be->features();
+  if (!(feat & NCFSM__HAS_REVOKE)) {
     ncfsm__set_error(c, "ncfsm_comm_revoke: the %s runtime (NCCL %d) has no ncclCommRevoke; it needs "
                         "NCCL >= 2.28.7 (R6); use ncfsm_comm_abort",
                      c->be->name, c->be->version());

@@ -192,6 +192,17 @@ static sim_comm *comm_of(void *bcomm) {
   return (c && c->magic == SIM_MAGIC_COMM) ? c : NULL;
 }
 
+/* Per comm: ncfsm_sim_opts.has_revoke = 0 models a 2.28.3 runtime for this
+ * communicator only (R6), so ncfsm reports Revoke as unsupported for it. */
+static unsigned sim_comm_features(void *bcomm) {
+  LOCK();
+  sim_comm *c = comm_of(bcomm);
+  unsigned f = sim_features();
+  if (c && !c->o.has_revoke) f &= ~(unsigned)NCFSM__HAS_REVOKE;
+  UNLOCK();
+  return f;
+}
+
 /* Drop every op not executed yet: posted ops complete on their streams with
  * no data, so the streams drain (R5); unposted ops are discarded. */
 static void comm_drop_ops(sim_comm *c) {
@@ -1009,6 +1020,7 @@ const ncfsm__backend ncfsm__backend_sim = {
     .open = sim_open,
     .version = sim_version,
     .features = sim_features,
+    .comm_features = sim_comm_features,
     .get_unique_id = sim_get_unique_id,
     .comm_init = sim_comm_init,
     .get_async_error = sim_get_async_error,

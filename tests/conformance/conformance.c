@@ -1611,17 +1611,6 @@ static const known_t knowns[] = {
     {"blocking_then_nonblocking_groups", "ncfsm", "*", "health",
      "unhealthy(ERROR/Success ERROR/Success ERROR/InvalidArgument ERROR/InvalidArgument)",
      "OPEN ncfsm gap: as above"},
-    /* sim gap: the per-comm has_revoke knob is invisible to features() */
-    {"revoke_absent_sim_knob", "ncfsm", "sim", "rc",
-     "revoke=BACKEND,BACKEND wait=ILLEGAL_STATE,ILLEGAL_STATE then ar=ILLEGAL_STATE destroy=ILLEGAL_STATE,"
-     "ILLEGAL_STATE",
-     "OPEN sim gap: features() is process-wide (NCFSM_SIM_NCCL_VERSION) and ignores the per-comm has_revoke=0, "
-     "so ncfsm believes Revoke exists, calls it, gets ncclInvalidUsage and fails the comm; real 2.28.3 lacks "
-     "the symbol and ncfsm reports UNSUPPORTED (row revoke on 2.28.3). Fix: drop has_revoke or make the sim "
-     "report it through a per-comm capability the engine checks"},
-    {"revoke_absent_sim_knob", "ncfsm", "sim", "async", "->REVOKED->CLOSED,CLOSED",
-     "OPEN sim gap: as above (the comm went ERROR and was aborted)"},
-    {"revoke_absent_sim_knob", "ncfsm", "sim", "health", "closed", "OPEN sim gap: as above"},
 };
 #define NKNOWN ((int)(sizeof knowns / sizeof knowns[0]))
 
