@@ -41,6 +41,18 @@ void make_comms(ncfsm_loop *loop, int n, ncfsm_comm_opts *o, ncfsm_comm **c, int
   }
 }
 
+ncfsm_loop *ready_comms(int n, ncfsm_comm **c) {
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  make_comms(loop, n, &o, c, 0);
+  for (int r = 0; r < n; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  return loop;
+}
+
 void run_turns(ncfsm_loop *loop, int n) {
   for (int i = 0; i < n; i++) assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT), NCFSM_OK);
 }

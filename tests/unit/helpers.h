@@ -25,6 +25,8 @@ void test_comm_opts(ncfsm_comm_opts *o, ncfsm_sim_opts *so);
 /* nranks comms of one clique on loop; every rank is initialised unless only_rank0. */
 void make_comms(ncfsm_loop *loop, int n, ncfsm_comm_opts *o, ncfsm_comm **c, int only_rank0);
 void run_turns(ncfsm_loop *loop, int n);
+/* A new loop and n READY sim comms of one clique with the test defaults. */
+ncfsm_loop *ready_comms(int n, ncfsm_comm **c);
 /* Run until comm is in state s (fails the test after many turns). */
 void run_until_state(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_state_t s);
 /* Abort (when not closed) and release every comm, then close the loop. */

@@ -99,15 +99,8 @@ static void test_lifecycle_trace(void **state) {
 /* R3: nested groups; only the outermost end reaches the backend. */
 static void test_nested_groups(void **state) {
   (void)state;
-  ncfsm_loop *loop;
-  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
-  ncfsm_sim_opts so;
-  ncfsm_comm_opts o;
-  test_sim_opts(&so);
-  test_comm_opts(&o, &so);
   ncfsm_comm *c[2];
-  make_comms(loop, 2, &o, c, 0);
-  for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  ncfsm_loop *loop = ready_comms(2, c);
   int32_t a[2][4], b[2][4], d[2][4];
   for (int r = 0; r < 2; r++)
     for (int i = 0; i < 4; i++) a[r][i] = b[r][i] = d[r][i] = 1;
@@ -142,15 +135,8 @@ static void test_nested_groups(void **state) {
  * comm stays usable (unlike a nonblocking NCCL comm, which is poisoned). */
 static void test_group_arg_error(void **state) {
   (void)state;
-  ncfsm_loop *loop;
-  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
-  ncfsm_sim_opts so;
-  ncfsm_comm_opts o;
-  test_sim_opts(&so);
-  test_comm_opts(&o, &so);
   ncfsm_comm *c[2];
-  make_comms(loop, 2, &o, c, 0);
-  for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  ncfsm_loop *loop = ready_comms(2, c);
   int32_t buf[2][4] = {{1, 1, 1, 1}, {2, 2, 2, 2}};
   reset_cbs();
   uint64_t before = backend_calls(c[0]);
@@ -346,15 +332,8 @@ static void test_overlap(void **state) {
 /* libuv rule: the loop refuses to close while handles are open. */
 static void test_loop_close_busy(void **state) {
   (void)state;
-  ncfsm_loop *loop;
-  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
-  ncfsm_sim_opts so;
-  ncfsm_comm_opts o;
-  test_sim_opts(&so);
-  test_comm_opts(&o, &so);
   ncfsm_comm *c[1];
-  make_comms(loop, 1, &o, c, 0);
-  run_until_state(loop, c[0], NCFSM_STATE_READY);
+  ncfsm_loop *loop = ready_comms(1, c);
   assert_int_equal(ncfsm_loop_close(loop), NCFSM_ERR_BUSY);
   assert_non_null(strstr(ncfsm_loop_last_error(loop), "not released"));
   assert_int_equal(ncfsm_comm_release(c[0]), NCFSM_ERR_ILLEGAL_STATE); /* READY: destroy first */
@@ -364,16 +343,12 @@ static void test_loop_close_busy(void **state) {
 /* Bad arguments are rejected before the backend, naming the argument. */
 static void test_bad_arguments(void **state) {
   (void)state;
-  ncfsm_loop *loop;
-  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
-  ncfsm_sim_opts so;
-  ncfsm_comm_opts o;
-  test_sim_opts(&so);
-  test_comm_opts(&o, &so);
   ncfsm_comm *c[2];
-  make_comms(loop, 2, &o, c, 0);
-  for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
-  ncfsm_comm_opts o2 = o;
+  ncfsm_loop *loop = ready_comms(2, c);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o2;
+  test_sim_opts(&so);
+  test_comm_opts(&o2, &so);
   o2.device = 7;
   ncfsm_comm *other;
   assert_int_equal(ncfsm_comm_new(loop, &o2, &other), NCFSM_OK);
