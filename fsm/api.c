@@ -125,26 +125,30 @@ ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncf
   return NCFSM_OK;
 }
 
-ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_unique_id *id) {
-  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
-  ncfsm_loop *loop = c->loop;
-  LOCK(loop);
-  ncfsm_result_t r = NCFSM_OK;
-  if (check_legal(c, NCFSM_CALL_INIT) == NCFSM_REJECT) {
-    r = NCFSM_ERR_ILLEGAL_STATE;
-  } else if (nranks < 1 || rank < 0 || rank >= nranks || !id) {
+/* The INIT step, with loop->mu held: legality, arguments, transition. */
+static ncfsm_result_t comm_init_locked(ncfsm_comm *c, int nranks, int rank, const ncfsm_unique_id *id) {
+  if (check_legal(c, NCFSM_CALL_INIT) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
+  if (nranks < 1 || rank < 0 || rank >= nranks || !id) {
     ncfsm__set_error(c, "ncfsm_comm_init: %s (nranks=%d rank=%d); pass 0 <= rank < nranks and a "
                         "unique id from ncfsm_get_unique_id",
                      !id ? "id is NULL" : nranks < 1 ? "nranks < 1" : "rank out of range", nranks,
                      rank);
-    r = NCFSM_ERR_INVALID_ARGUMENT;
-  } else if (!(c->p2p_seq = calloc((size_t)nranks, sizeof *c->p2p_seq))) {
-    r = NCFSM_ERR_NO_MEMORY;
-  } else {
-    c->nranks = nranks;
-    c->rank = rank;
-    c->uid = *id;
-    ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_start_init: issued at the next turn */
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (!(c->p2p_seq = calloc((size_t)nranks, sizeof *c->p2p_seq))) return NCFSM_ERR_NO_MEMORY;
+  c->nranks = nranks;
+  c->rank = rank;
+  c->uid = *id;
+  ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_start_init: issued at the next turn */
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_unique_id *id) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  ncfsm_result_t r = comm_init_locked(c, nranks, rank, id);
+  if (r == NCFSM_OK) {
     loop->ctl = true;
     ncfsm__loop_wake(loop);
   }
@@ -152,14 +156,13 @@ ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_
   return r;
 }
 
+/* Runs inside the bootstrap's libevent callback: only flags the loop, without
+ * its lock (a turn may hold the lock while freeing this very request). */
 static void uid_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
   ncfsm_comm *c = arg;
   (void)req;
   (void)status;
-  pthread_mutex_lock(&c->loop->mu);
-  c->loop->ctl = true;
-  ncfsm__loop_wake(c->loop); /* the next turn takes the id and issues the init */
-  pthread_mutex_unlock(&c->loop->mu);
+  ncfsm__loop_kick_async(c->loop);
 }
 
 ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
@@ -175,30 +178,33 @@ ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
   }
   char *buf = malloc((size_t)size * NCFSM_UNIQUE_ID_BYTES);
   if (!buf) return NCFSM_ERR_NO_MEMORY;
-  /* Legality and the transition first: the exchange only starts for a NEW comm. */
-  ncfsm_result_t r = ncfsm_comm_init(c, size, rank, &id);
-  if (r != NCFSM_OK) {
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  /* The INIT step and the exchange under one lock: a turn on another thread
+   * must never see INIT_IN_PROGRESS without the pending exchange. */
+  ncfsm_result_t r = comm_init_locked(c, size, rank, &id);
+  if (r == NCFSM_OK) {
+    ncfsm_boot_req *req = NULL;
+    ncfsm_result_t br = ncfsm_boot_allgather_post(boot, &id, buf, NCFSM_UNIQUE_ID_BYTES, &req);
+    if (br != NCFSM_OK) {
+      free(buf);
+      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS,
+                       "unique id exchange");
+      ncfsm__set_error(c, "ncfsm_comm_init_boot: the bootstrap refused the unique id exchange: %s",
+                       ncfsm_boot_last_error(boot));
+      r = br;
+    } else {
+      c->uid_req = req;
+      c->uid_buf = buf;
+      ncfsm_boot_req_on_done(req, uid_done, c);
+    }
+    loop->ctl = true;
+    ncfsm__loop_wake(loop);
+  } else {
     free(buf);
-    return r;
   }
-  ncfsm_boot_req *req = NULL;
-  LOCK(c->loop);
-  r = ncfsm_boot_allgather_post(boot, &id, buf, NCFSM_UNIQUE_ID_BYTES, &req);
-  if (r != NCFSM_OK) {
-    free(buf);
-    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS,
-                     "unique id exchange");
-    ncfsm__set_error(c, "ncfsm_comm_init_boot: the bootstrap refused the unique id exchange: %s",
-                     ncfsm_boot_last_error(boot));
-    ncfsm__loop_wake(c->loop);
-    UNLOCK(c->loop);
-    return r;
-  }
-  c->uid_req = req;
-  c->uid_buf = buf;
-  ncfsm_boot_req_on_done(req, uid_done, c);
-  UNLOCK(c->loop);
-  return NCFSM_OK;
+  UNLOCK(loop);
+  return r;
 }
 
 ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opts *opts,
@@ -236,15 +242,23 @@ ncfsm_state_t ncfsm_comm_state(const ncfsm_comm *c) {
   UNLOCK(loop);
   return s;
 }
-int ncfsm_comm_rank(const ncfsm_comm *c) { return comm_ok(c) ? c->rank : -1; }
-int ncfsm_comm_size(const ncfsm_comm *c) { return comm_ok(c) ? c->nranks : -1; }
+#define LOCKED_GET(type, expr, bad)           \
+  if (!comm_ok(c)) return (bad);              \
+  ncfsm_loop *loop_ = c->loop;                \
+  LOCK(loop_);                                \
+  type v_ = (expr);                           \
+  UNLOCK(loop_);                              \
+  return v_
+
+int ncfsm_comm_rank(const ncfsm_comm *c) { LOCKED_GET(int, c->rank, -1); }
+int ncfsm_comm_size(const ncfsm_comm *c) { LOCKED_GET(int, c->nranks, -1); }
 int ncfsm_comm_device(const ncfsm_comm *c) { return comm_ok(c) ? c->opts.device : -1; }
 const char *ncfsm_comm_last_error(const ncfsm_comm *c) {
   return comm_ok(c) ? c->last_error : "invalid communicator handle";
 }
-int ncfsm_comm_backend_error(const ncfsm_comm *c) { return comm_ok(c) ? c->async_code : -1; }
-uint64_t ncfsm_comm_seq(const ncfsm_comm *c) { return comm_ok(c) ? c->coll_seq : 0; }
-uint64_t ncfsm_comm_hash(const ncfsm_comm *c) { return comm_ok(c) ? c->hash : 0; }
+int ncfsm_comm_backend_error(const ncfsm_comm *c) { LOCKED_GET(int, c->async_code, -1); }
+uint64_t ncfsm_comm_seq(const ncfsm_comm *c) { LOCKED_GET(uint64_t, c->coll_seq, 0); }
+uint64_t ncfsm_comm_hash(const ncfsm_comm *c) { LOCKED_GET(uint64_t, c->hash, 0); }
 
 /* Can state s still be reached from the comm's current state? */
 static bool reachable(ncfsm_state_t from, ncfsm_state_t to) {
@@ -272,8 +286,15 @@ static bool reachable(ncfsm_state_t from, ncfsm_state_t to) {
  * (when nothing pending can make progress: a deadlock the caller made). */
 static ncfsm_result_t wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *arg,
                                  uint64_t timeout_ms) {
-  uint64_t deadline = timeout_ms ? ncfsm__now_ns() + timeout_ms * 1000000ull : 0;
+  uint64_t deadline = ncfsm__deadline(ncfsm__now_ns(), timeout_ms);
   LOCK(loop);
+  if (ncfsm__loop_in_turn(loop) && !pred(arg)) {
+    snprintf(loop->last_error, sizeof loop->last_error,
+             "a blocking wait was called from inside one of the loop's callbacks (a work or state "
+             "callback may not wait on its own loop; submit and return instead)");
+    UNLOCK(loop);
+    return NCFSM_ERR_INVALID_USAGE;
+  }
   for (;;) {
     if (pred(arg)) { UNLOCK(loop); return NCFSM_OK; }
     if (deadline && ncfsm__now_ns() > deadline) { UNLOCK(loop); return NCFSM_ERR_TIMEOUT; }
@@ -281,7 +302,8 @@ static ncfsm_result_t wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *a
       bool pending = ncfsm__loop_pending(loop);
       UNLOCK(loop);
       if (!pending) return NCFSM_ERR_ILLEGAL_STATE;
-      ncfsm_loop_run(loop, NCFSM_RUN_ONCE);
+      ncfsm_result_t rr = ncfsm_loop_run(loop, NCFSM_RUN_ONCE);
+      if (rr != NCFSM_OK) return rr; /* e.g. waiting inside one of the loop's callbacks */
       LOCK(loop);
     } else {
       struct timespec ts;
@@ -329,8 +351,14 @@ ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   LOCK(loop);
   ncfsm_result_t r = NCFSM_OK;
-  if (check_legal(c, NCFSM_CALL_FINALIZE) == NCFSM_REJECT) r = NCFSM_ERR_ILLEGAL_STATE;
-  else {
+  if (check_legal(c, NCFSM_CALL_FINALIZE) == NCFSM_REJECT) {
+    r = NCFSM_ERR_ILLEGAL_STATE;
+  } else if (c->enlisted) { /* its ops in an open group must launch before NCCL finalizes */
+    ncfsm__set_error(c, "ncfsm_comm_finalize: the communicator has ops in an open group (R3); call "
+                        "ncfsm_group_end first");
+    group_note_error(c, NCFSM_ERR_ILLEGAL_STATE);
+    r = NCFSM_ERR_ILLEGAL_STATE;
+  } else {
     ncfsm__fire(c, NCFSM_EV_FINALIZE, NCFSM_OK); /* act_finalize_after_queue (R4) */
     loop->ctl = true;
     ncfsm__loop_wake(loop);
@@ -380,10 +408,10 @@ static ncfsm_result_t on_loop(ncfsm_comm *c, ncfsm_result_t (*fn)(ncfsm_comm *))
 
 static ncfsm_result_t do_destroy(ncfsm_comm *c) {
   if (check_legal(c, NCFSM_CALL_DESTROY) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
-  if (c->npending || c->launching) {
-    ncfsm__set_error(c, "ncfsm_comm_destroy: %d work(s) not launched yet in state %s; wait for them "
-                        "or abort (R4)",
-                     c->npending + (c->launching != NULL), ncfsm_state_name(c->state));
+  if (c->npending || c->launching || c->enlisted) {
+    ncfsm__set_error(c, "ncfsm_comm_destroy: %s in state %s; wait for them or abort (R4)",
+                     c->enlisted ? "ops are in an open group" : "works are not launched yet",
+                     ncfsm_state_name(c->state));
     return NCFSM_ERR_ILLEGAL_STATE;
   }
   c->be_calls++;

@@ -104,7 +104,7 @@ void ncfsm__fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t result) {
     case NCFSM_STATE_FINALIZING:
     case NCFSM_STATE_REVOKING:
       if (from != next)
-        c->phase_deadline = c->opts.timeout_ms ? ncfsm__now_ns() + c->opts.timeout_ms * 1000000ull : 0;
+        c->phase_deadline = ncfsm__deadline(ncfsm__now_ns(), c->opts.timeout_ms);
       break;
     default:
       break;
@@ -494,14 +494,23 @@ void ncfsm__spanset_free(ncfsm__spanset *ss) {
 }
 
 static void issue_inits(ncfsm_loop *loop) {
-  ncfsm_comm *inits[64];
+  /* All inits of a turn in one group, however many ranks (a blocking clique
+   * driven by one thread needs every rank's init in one group). */
+  ncfsm_comm *stack_inits[16], **inits = stack_inits;
+  int stack_rcs[16], *rcs = stack_rcs;
+  if (loop->ncomms > 16) {
+    inits = malloc((size_t)loop->ncomms * sizeof *inits);
+    rcs = malloc((size_t)loop->ncomms * sizeof *rcs);
+    if (!inits || !rcs) { /* try again next turn */
+      free(inits == stack_inits ? NULL : inits);
+      free(rcs == stack_rcs ? NULL : rcs);
+      loop->ctl = true;
+      return;
+    }
+  }
   int n = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     if (c->state != NCFSM_STATE_INIT_IN_PROGRESS || c->init_issued) continue;
-    if (n == 64) { /* the rest in the next turn */
-      loop->ctl = true;
-      break;
-    }
     if (c->uid_req) { /* the unique id comes through the bootstrap */
       ncfsm_result_t r = ncfsm_boot_test(c->uid_req);
       if (r == NCFSM_ERR_AGAIN) {
@@ -523,14 +532,19 @@ static void issue_inits(ncfsm_loop *loop) {
     }
     inits[n++] = c;
   }
-  if (!n) return;
-  /* One group: one thread may drive several ranks (R3), as ncclCommInitAll does. */
+  if (!n) goto out;
+  /* One group: one thread may drive several ranks (R3), as ncclCommInitAll
+   * does; a group holds one backend and one blocking mode, the others wait
+   * for the next turn. */
   const ncfsm__backend *be = inits[0]->be;
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (inits[i]->be == be && inits[i]->opts.blocking == inits[0]->opts.blocking) inits[m++] = inits[i];
+    else loop->ctl = true;
+  }
+  n = m;
   bool grouped = n > 1;
-  for (int i = 1; i < n; i++)
-    grouped &= inits[i]->be == be && inits[i]->opts.blocking == inits[0]->opts.blocking;
   if (grouped) be->group_start();
-  int rcs[64];
   for (int i = 0; i < n; i++) {
     ncfsm_comm *c = inits[i];
     ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
@@ -549,9 +563,16 @@ static void issue_inits(ncfsm_loop *loop) {
     }
     int st = NCFSM__NCCL_SUCCESS;
     if (!c->opts.blocking) c->be->get_async_error(c->bcomm, &st);
-    if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, st, "init");
-    else if (st == NCFSM__NCCL_SUCCESS) ncfsm__fire(c, NCFSM_EV_INIT_DONE, NCFSM_OK);
+    if (IS_ERR(st)) {
+      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, st, "init");
+    } else if (st == NCFSM__NCCL_SUCCESS) {
+      ncfsm__fire(c, NCFSM_EV_INIT_DONE, NCFSM_OK);
+      if (c->enlisted) ncfsm__fire(c, NCFSM_EV_ENLIST, NCFSM_OK); /* ops wait in an open group */
+    }
   }
+out:
+  if (inits != stack_inits) free(inits);
+  if (rcs != stack_rcs) free(rcs);
 }
 
 static void issue_finalize(ncfsm_comm *c) {
@@ -574,12 +595,17 @@ static void issue_aborts(ncfsm_loop *loop) {
   if (!n) return;
   /* R5: several comms are aborted inside one group, never one by one. */
   const ncfsm__backend *be = NULL;
+  bool one_backend = true;
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    if (c->abort_pending) be = c->be;
-  if (n > 1) be->group_start();
+    if (c->abort_pending) {
+      if (be && be != c->be) one_backend = false;
+      be = c->be;
+    }
+  bool grouped = n > 1 && one_backend;
+  if (grouped) be->group_start();
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
     if (c->abort_pending) ncfsm__comm_do_abort(c);
-  if (n > 1) be->group_end();
+  if (grouped) be->group_end();
 }
 
 bool ncfsm__launch(ncfsm_loop *loop) {
@@ -642,9 +668,26 @@ bool ncfsm__launch(ncfsm_loop *loop) {
   if (taken) {
     const ncfsm__backend *be = taken->comm->be;
     uint64_t now = ncfsm__now_ns();
-    ncfsm_comm *touched[64];
+    /* The comms of this launch: at most one per taken work, and at most all
+     * comms of the loop (one explicit group may span more than 64). */
+    ncfsm_comm *stack_touched[64], **touched = stack_touched;
+    int stack_rc[64], *op_rc = stack_rc;
     int ntouched = 0;
-    int op_rc[64];
+    if (loop->ncomms > 64) {
+      touched = malloc((size_t)loop->ncomms * sizeof *touched);
+      op_rc = malloc((size_t)loop->ncomms * sizeof *op_rc);
+      if (!touched || !op_rc) {
+        if (touched != stack_touched) free(touched);
+        if (op_rc != stack_rc) free(op_rc);
+        for (ncfsm_work *w = taken, *next; w; w = next) { /* nothing reached NCCL */
+          next = w->bnext;
+          w->bnext = NULL;
+          w->comm->npending--;
+          ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY);
+        }
+        return false;
+      }
+    }
     /* opts.timing: one start event per (comm, stream), recorded before the
      * NCCL calls (always legal, R2 only forbids work after an InProgress end). */
     struct { ncfsm_comm *c; void *stream; ncfsm__mark *m; } starts[16];
@@ -679,16 +722,12 @@ bool ncfsm__launch(ncfsm_loop *loop) {
       for (i = 0; i < ntouched; i++)
         if (touched[i] == c) break;
       if (i == ntouched) {
-        if (ntouched == 64) { /* cannot happen: blocked[] caps comms at 64 */
-          ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY);
-          continue;
-        }
         touched[ntouched] = c;
         op_rc[ntouched++] = NCFSM__NCCL_SUCCESS;
       }
       c->npending--;
       w->t_launch = now;
-      if (c->opts.timeout_ms) w->deadline_ns = now + c->opts.timeout_ms * 1000000ull;
+      w->deadline_ns = ncfsm__deadline(now, c->opts.timeout_ms);
       c->be_calls++;
       int rc = be->op(c->bcomm, &w->op);
       if (IS_ERR(rc) && !IS_ERR(op_rc[i])) op_rc[i] = rc;
@@ -702,13 +741,15 @@ bool ncfsm__launch(ncfsm_loop *loop) {
     int grc = be->group_end();
     for (int i = 0; i < ntouched; i++)
       after_launch(touched[i], IS_ERR(op_rc[i]) ? op_rc[i] : grc, "launch");
+    if (touched != stack_touched) free(touched);
+    if (op_rc != stack_rc) free(op_rc);
     loop->poll_iter = 0; /* progress: restart the burst of immediate polls */
   }
 
   if (ctl)
     for (ncfsm_comm *c = loop->comms; c; c = c->next) {
       if (c->state != NCFSM_STATE_FINALIZING || c->fin_issued || !c->bcomm) continue;
-      if (!c->busy && c->npending == 0) issue_finalize(c);
+      if (!c->busy && c->npending == 0 && !c->enlisted) issue_finalize(c);
       else loop->ctl = true; /* queued ops launch first; look again next turn */
     }
   return taken != NULL;

@@ -139,6 +139,7 @@ struct ncfsm_loop {
   ncfsm_comm *comms;
   int ncomms;
   bool ctl;              /* control work may be due: aborts, inits, finalizes */
+  _Atomic int async_kick; /* set without the lock (bootstrap callbacks): the next turn looks at ctl */
   /* group (R3) */
   int group_depth;
   pthread_t group_owner;
@@ -164,6 +165,12 @@ struct ncfsm__state_note {
   struct ncfsm__state_note *next;
 };
 
+/* now + ms as a deadline in ns; 0 (none) when ms is 0 or would overflow. */
+static inline uint64_t ncfsm__deadline(uint64_t now_ns, uint64_t ms) {
+  if (!ms || ms > (UINT64_MAX - now_ns) / 1000000ull) return 0;
+  return now_ns + ms * 1000000ull;
+}
+
 /* For tests: backend calls (init, op, finalize, destroy, abort, revoke) made for c. */
 uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c);
 
@@ -172,7 +179,10 @@ const char *ncfsm__call_fn(ncfsm_call_t c);
 
 /* loop.c */
 bool ncfsm__loop_can_drive(ncfsm_loop *loop); /* caller may make backend calls now */
+bool ncfsm__loop_in_turn(const ncfsm_loop *loop); /* this thread is inside a turn or callback of loop */
 void ncfsm__loop_wake(ncfsm_loop *loop);
+/* Without the lock, from any thread: the next turn looks for control work. */
+void ncfsm__loop_kick_async(ncfsm_loop *loop);
 void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress);
 bool ncfsm__loop_pending(ncfsm_loop *loop);      /* anything at all to do */
 bool ncfsm__loop_poll_pending(ncfsm_loop *loop); /* something the poll timer watches */

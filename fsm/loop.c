@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <stdio.h>
@@ -28,6 +29,11 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
   if (o->coalesce_max == 0) o->coalesce_max = 1;
 }
 
+/* The loop whose turn (or callback) this thread is inside, if any. */
+static _Thread_local ncfsm_loop *tls_in_turn;
+
+bool ncfsm__loop_in_turn(const ncfsm_loop *loop) { return tls_in_turn == loop; }
+
 static void set_runner(ncfsm_loop *loop) {
   loop->runner = pthread_self();
   loop->running++;
@@ -45,6 +51,11 @@ void ncfsm__loop_wake(ncfsm_loop *loop) {
   loop->kick = true;
   if (loop->own_base && (loop->running == 0 || pthread_equal(loop->runner, pthread_self())))
     return;
+  event_active(loop->ev_wake, EV_READ, 0);
+}
+
+void ncfsm__loop_kick_async(ncfsm_loop *loop) {
+  atomic_store(&loop->async_kick, 1);
   event_active(loop->ev_wake, EV_READ, 0);
 }
 
@@ -128,11 +139,14 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
 }
 
 static void turn(ncfsm_loop *loop, bool poll) {
+  ncfsm_loop *outer = tls_in_turn;
+  tls_in_turn = loop;
   pthread_mutex_lock(&loop->mu);
   set_runner(loop);
   if (poll || loop->poll_now) loop->poll_armed = false;
   loop->poll_now = false;
   loop->kick = false;
+  if (atomic_exchange(&loop->async_kick, 0)) loop->ctl = true;
   ncfsm__progress(loop);
   if (ncfsm__launch(loop)) {
     ncfsm__progress(loop); /* fast ops may be done already */
@@ -147,12 +161,14 @@ static void turn(ncfsm_loop *loop, bool poll) {
   if (!loop->poll_armed && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, false);
   clear_runner(loop);
   pthread_mutex_unlock(&loop->mu);
+  tls_in_turn = outer;
 }
 
 /* Something to do without waiting: queued work (kick), an immediate re-poll,
  * callbacks to deliver. Called with mu held. */
-static bool direct_work(const ncfsm_loop *loop) {
-  return loop->kick || loop->poll_now || loop->notify_head || loop->snote_head || loop->calls_head;
+static bool direct_work(ncfsm_loop *loop) {
+  return loop->kick || loop->poll_now || loop->notify_head || loop->snote_head || loop->calls_head ||
+         atomic_load(&loop->async_kick);
 }
 
 /* One direct turn; an immediate re-poll first yields the CPU, so that NCCL's
@@ -272,6 +288,14 @@ bool ncfsm__loop_pending(ncfsm_loop *loop) {
 
 ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (tls_in_turn == loop) {
+    pthread_mutex_lock(&loop->mu);
+    snprintf(loop->last_error, sizeof loop->last_error,
+             "ncfsm_loop_run: called from inside one of this loop's callbacks (a work or state "
+             "callback may not run or wait on its own loop; submit and return instead)");
+    pthread_mutex_unlock(&loop->mu);
+    return NCFSM_ERR_INVALID_USAGE;
+  }
   pthread_mutex_lock(&loop->mu);
   if (loop->running && !pthread_equal(loop->runner, pthread_self())) {
     snprintf(loop->last_error, sizeof loop->last_error,
@@ -279,22 +303,28 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_WRONG_THREAD;
   }
-  pthread_mutex_unlock(&loop->mu);
+  /* This thread drives the loop for the whole call, also while it waits in
+   * epoll: other threads then wake it and hand it backend work (R9). */
+  set_runner(loop);
+  ncfsm_result_t rr = NCFSM_OK;
   for (;;) {
-    pthread_mutex_lock(&loop->mu);
     bool direct = direct_work(loop);
     bool yield = loop->poll_now && !loop->kick;
     bool pending = direct || ncfsm__loop_pending(loop);
+    if (!direct && mode == NCFSM_RUN_DEFAULT && !pending) break;
     pthread_mutex_unlock(&loop->mu);
     if (direct) {
       direct_turn(loop, yield); /* no need to go through libevent */
     } else {
-      if (mode == NCFSM_RUN_DEFAULT && !pending) return NCFSM_OK;
       int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK : EVLOOP_ONCE;
-      if (event_base_loop(loop->base, flags) < 0) return NCFSM_ERR_SYSTEM;
+      if (event_base_loop(loop->base, flags) < 0) rr = NCFSM_ERR_SYSTEM;
     }
-    if (mode != NCFSM_RUN_DEFAULT) return NCFSM_OK;
+    pthread_mutex_lock(&loop->mu);
+    if (rr != NCFSM_OK || mode != NCFSM_RUN_DEFAULT) break;
   }
+  clear_runner(loop);
+  pthread_mutex_unlock(&loop->mu);
+  return rr;
 }
 
 static void *loop_thread_main(void *arg) {

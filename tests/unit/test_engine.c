@@ -482,6 +482,106 @@ static void test_embedded_loop(void **state) {
   event_base_free(base);
 }
 
+/* Review findings, kept as regressions. */
+
+/* A comm with ops in an open group may not finalize or be destroyed: those
+ * ops must launch first (they would otherwise never run). */
+static void test_open_group_blocks_finalize_and_destroy(void **state) {
+  (void)state;
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = ready_comms(1, c);
+  static float buf[4];
+  ncfsm_work *w;
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf, buf, 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_int_equal(ncfsm_comm_destroy(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_ERR_ILLEGAL_STATE); /* R3: the group reports it */
+  assert_int_equal(ncfsm_work_wait(w, 5000), NCFSM_ERR_GROUP);       /* final, never stuck */
+  ncfsm_work_release(w);
+  assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_FINALIZED, 5000), NCFSM_OK);
+  teardown_all(loop, c, 1);
+}
+
+/* An init that completes at once (blocking comm) while the comm has ops in
+ * an open group: the comm is GROUP_OPEN, not READY. */
+static void test_sync_init_while_enlisted(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.blocking = 1;
+  ncfsm_comm *c[1];
+  make_comms(loop, 1, &o, c, 0);
+  static float buf[4] = {1, 1, 1, 1};
+  ncfsm_work *w;
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf, buf, 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+  run_turns(loop, 3);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_GROUP_OPEN);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  assert_int_equal(ncfsm_work_wait(w, 5000), NCFSM_OK);
+  ncfsm_work_release(w);
+  teardown_all(loop, c, 1);
+}
+
+/* One group spanning more comms than the launcher's stack arrays. */
+static void test_group_over_64_comms(void **state) {
+  (void)state;
+  enum { N = 70 };
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  static ncfsm_comm *c[N];
+  static int32_t buf[N][2];
+  static ncfsm_work *w[N];
+  assert_int_equal(ncfsm_comm_init_all(loop, N, &o, NULL, c), NCFSM_OK);
+  for (int r = 0; r < N; r++) assert_int_equal(ncfsm_comm_wait_state(c[r], NCFSM_STATE_READY, 10000), NCFSM_OK);
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  for (int r = 0; r < N; r++) {
+    buf[r][0] = buf[r][1] = 1;
+    assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 2, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[r]), NCFSM_OK);
+  }
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  for (int r = 0; r < N; r++) {
+    assert_int_equal(ncfsm_work_wait(w[r], 10000), NCFSM_OK);
+    ncfsm_work_release(w[r]);
+    assert_int_equal(buf[r][0], N);
+  }
+  teardown_all(loop, c, N);
+}
+
+/* Waiting on a loop from inside one of its callbacks is refused at once. */
+static ncfsm_work *inner_work;
+static ncfsm_result_t inner_rc = NCFSM_OK;
+static void waiting_cb(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  (void)st;
+  (void)arg;
+  inner_rc = ncfsm_work_wait(inner_work, 1000);
+}
+
+static void test_wait_inside_callback_refused(void **state) {
+  (void)state;
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = ready_comms(1, c);
+  static float a[2], b[2];
+  assert_int_equal(ncfsm_allreduce(c[0], a, a, 2, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, waiting_cb, NULL, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], b, b, 2, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &inner_work), NCFSM_OK);
+  assert_int_equal(ncfsm_work_wait(inner_work, 5000), NCFSM_OK);
+  assert_int_equal(inner_rc, NCFSM_ERR_INVALID_USAGE);
+  assert_non_null(strstr(ncfsm_loop_last_error(loop), "callbacks"));
+  ncfsm_work_release(inner_work);
+  teardown_all(loop, c, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lifecycle_trace),     cmocka_unit_test(test_nested_groups),
@@ -490,6 +590,9 @@ int main(void) {
       cmocka_unit_test(test_watchdog_timeout),    cmocka_unit_test(test_overlap),
       cmocka_unit_test(test_loop_close_busy),     cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_coalescing_respects_r12), cmocka_unit_test(test_embedded_loop),
+      cmocka_unit_test(test_open_group_blocks_finalize_and_destroy),
+      cmocka_unit_test(test_sync_init_while_enlisted), cmocka_unit_test(test_group_over_64_comms),
+      cmocka_unit_test(test_wait_inside_callback_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
