@@ -237,7 +237,9 @@ ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *comm);
 ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *comm);
 ncfsm_result_t ncfsm_comm_abort(ncfsm_comm *comm);
 ncfsm_result_t ncfsm_comm_revoke(ncfsm_comm *comm);
-/* Free the handle: legal in NEW and CLOSED. */
+/* Free the handle: legal in NEW and CLOSED. The handle must not be used
+ * afterwards (like a closed libuv handle); its memory goes with the last
+ * reference, so works the caller still holds stay valid until released. */
 ncfsm_result_t ncfsm_comm_release(ncfsm_comm *comm);
 
 /* A stream for this comm's backend and device (sim: a FIFO model of a CUDA stream). */

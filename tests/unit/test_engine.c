@@ -582,6 +582,50 @@ static void test_wait_inside_callback_refused(void **state) {
   teardown_all(loop, c, 1);
 }
 
+/* Every entry point takes NULL handles and arguments without crashing. */
+static void test_null_handles(void **state) {
+  (void)state;
+  ncfsm_comm *c = NULL;
+  float b[1];
+  assert_int_equal(ncfsm_loop_new(NULL, NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_loop_new_embedded(NULL, NULL, NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_null(ncfsm_loop_base(NULL));
+  assert_int_equal(ncfsm_loop_run(NULL, NCFSM_RUN_NOWAIT), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_loop_close(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_loop_call(NULL, NULL, NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_group_start(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_group_end(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_group_depth(NULL), -1);
+  assert_int_equal(ncfsm_comm_new(NULL, NULL, &c), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_null(c);
+  assert_int_equal(ncfsm_comm_init(NULL, 1, 0, NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_comm_init_boot(NULL, NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_comm_state(NULL), NCFSM_STATE_COUNT);
+  assert_int_equal(ncfsm_comm_rank(NULL), -1);
+  assert_non_null(ncfsm_comm_last_error(NULL));
+  assert_int_equal(ncfsm_comm_wait_state(NULL, NCFSM_STATE_READY, 1), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_comm_finalize(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_comm_destroy(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_comm_abort(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_comm_revoke(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_comm_release(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  ncfsm_work *w = (ncfsm_work *)1;
+  assert_int_equal(ncfsm_allreduce(NULL, b, b, 1, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w),
+                   NCFSM_ERR_INVALID_ARGUMENT);
+  assert_null(w); /* a failed call never hands out a work */
+  assert_int_equal(ncfsm_send(NULL, b, 1, NCFSM_FLOAT32, 0, NULL, NULL, NULL, NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_work_state(NULL), NCFSM_WORK_STATE_COUNT);
+  assert_int_equal(ncfsm_work_status(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_work_wait(NULL, 1), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_null(ncfsm_work_fingerprint(NULL));
+  ncfsm_work_release(NULL);
+  ncfsm_work_times t;
+  assert_int_equal(ncfsm_work_get_times(NULL, &t), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_err_name((ncfsm_result_t)999), "NCFSM_UNKNOWN");
+  assert_string_equal(ncfsm_state_name((ncfsm_state_t)999), "UNKNOWN_STATE");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lifecycle_trace),     cmocka_unit_test(test_nested_groups),
@@ -592,7 +636,7 @@ int main(void) {
       cmocka_unit_test(test_coalescing_respects_r12), cmocka_unit_test(test_embedded_loop),
       cmocka_unit_test(test_open_group_blocks_finalize_and_destroy),
       cmocka_unit_test(test_sync_init_while_enlisted), cmocka_unit_test(test_group_over_64_comms),
-      cmocka_unit_test(test_wait_inside_callback_refused),
+      cmocka_unit_test(test_wait_inside_callback_refused), cmocka_unit_test(test_null_handles),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
