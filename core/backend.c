@@ -56,3 +56,16 @@ const ncfsm__backend *ncfsm__backend_get(ncfsm_backend_kind_t kind, char *why, s
     }
   }
 }
+
+ncfsm_result_t ncfsm_backend_query(ncfsm_backend_kind_t kind, ncfsm_backend_info *out) {
+  if (!out) return NCFSM_ERR_INVALID_ARGUMENT;
+  memset(out, 0, sizeof *out);
+  const ncfsm__backend *be = ncfsm__backend_get(kind, out->why, sizeof out->why);
+  if (!be) return NCFSM_ERR_UNSUPPORTED;
+  out->kind = be->kind;
+  out->name = be->name;
+  out->nccl_version = be->version();
+  out->device_count = be->kind == NCFSM_BACKEND_NCCL ? be->device_count() : 0;
+  out->has_revoke = (be->features() & NCFSM__HAS_REVOKE) != 0;
+  return NCFSM_OK;
+}

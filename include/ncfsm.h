@@ -327,6 +327,20 @@ ncfsm_result_t ncfsm_work_get_times(const ncfsm_work *w, ncfsm_work_times *t);
 
 /* ---- misc ------------------------------------------------------------------ */
 const char *ncfsm_backend_name(ncfsm_backend_kind_t b);
+
+/* What a backend kind resolves to here (AUTO: through NCFSM_BACKEND and the
+ * visible GPUs), and what its runtime offers. */
+typedef struct ncfsm_backend_info {
+  ncfsm_backend_kind_t kind; /* resolved: SIM or NCCL */
+  const char *name;          /* "nccl", "sim" ("null" for the benchmark backend) */
+  int nccl_version;          /* NCCL_VERSION_CODE of the runtime (sim: the modelled version) */
+  int device_count;          /* visible GPUs (0 for the sim) */
+  int has_revoke;            /* ncclCommRevoke exists (R6) */
+  char why[256];             /* on NCFSM_ERR_UNSUPPORTED: why the backend is unavailable */
+} ncfsm_backend_info;
+
+/* NCFSM_OK with *out filled, or NCFSM_ERR_UNSUPPORTED with out->why. */
+ncfsm_result_t ncfsm_backend_query(ncfsm_backend_kind_t kind, ncfsm_backend_info *out);
 /* Log level from NCFSM_DEBUG (ERROR, WARN, INFO, TRACE); default WARN. */
 void ncfsm_set_log_level(int level);
 

@@ -18,7 +18,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/backend.h" /* backend name and NCCL version: no public call yet */
 #include "ncfsm.h"
 #include "ncfsm/bootstrap.h"
 #include "ncfsm/sim.h"
@@ -68,7 +67,7 @@ typedef struct job {
   ncfsm_loop *loop;
   ncfsm_boot *boot;
   ncfsm_comm_opts opts;
-  const ncfsm__backend *be;
+  ncfsm_backend_info bi;
   char backend[16], nccl_version[48];
   ncfsm_comm *comm[MAXR];     /* the nonblocking communicators */
   void *buf[MAXR][3];
@@ -537,20 +536,21 @@ int main(int argc, char **argv) {
   J.opts.on_error = NCFSM_ON_ERROR_STAY; /* keep a failed comm for the report */
   char why[256] = "";
   if (require_gpu) J.opts.backend = NCFSM_BACKEND_NCCL;
-  J.be = ncfsm__backend_get(J.opts.backend, why, sizeof why);
-  int ngpu = J.be && J.be->kind == NCFSM_BACKEND_NCCL ? J.be->device_count() : 0;
+  int have_be = ncfsm_backend_query(J.opts.backend, &J.bi) == NCFSM_OK;
+  snprintf(why, sizeof why, "%s", J.bi.why);
+  int ngpu = have_be && J.bi.kind == NCFSM_BACKEND_NCCL ? J.bi.device_count : 0;
   if (require_gpu && ngpu <= 0) {
     printf("SKIP: --require-gpu and no GPU is visible (%s)\n", why[0] ? why : "0 CUDA devices");
     return 77;
   }
-  if (!J.be) {
+  if (!have_be) {
     fprintf(stderr, "no backend: %s\n", why);
     return 1;
   }
-  snprintf(J.backend, sizeof J.backend, "%s", J.be->name);
-  int ver = J.be->version();
+  snprintf(J.backend, sizeof J.backend, "%s", J.bi.name);
+  int ver = J.bi.nccl_version;
   snprintf(J.nccl_version, sizeof J.nccl_version, "%d.%d.%d%s", ver / 10000, ver / 100 % 100, ver % 100,
-           J.be->kind == NCFSM_BACKEND_SIM ? " (modelled)" : "");
+           J.bi.kind == NCFSM_BACKEND_SIM ? " (modelled)" : "");
 
   CHECK(ncfsm_loop_new(NULL, &J.loop));
   ncfsm_loop_set_trace(J.loop, trace, NULL);
@@ -649,7 +649,7 @@ int main(int argc, char **argv) {
     }
     printf("%d/%d PASS (%s, NCCL %s, %d ranks, %s%s)\n", npass, nrows, J.backend, J.nccl_version, J.nranks,
            J.mpi ? "one rank per process" : "one process",
-           J.be->kind == NCFSM_BACKEND_SIM ? "; sim: a model of NCCL 2.28, not NCCL" : "");
+           J.bi.kind == NCFSM_BACKEND_SIM ? "; sim: a model of NCCL 2.28, not NCCL" : "");
   }
   if (nlog_dropped) fprintf(stderr, "trace log full: %d records dropped\n", nlog_dropped);
   free(all);

@@ -24,7 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/backend.h" /* backend name and NCCL version: no public call yet */
 #include "ncfsm.h"
 #include "ncfsm/bootstrap.h"
 
@@ -120,18 +119,20 @@ int main(int argc, char **argv) {
   o.blocking = blocking; /* 1: NCCL's group end returns once enqueued, as in the seed (2.22.3) */
   char why[256] = "";
   if (require_gpu) o.backend = NCFSM_BACKEND_NCCL;
-  const ncfsm__backend *be = ncfsm__backend_get(o.backend, why, sizeof why);
-  int ngpu = be && be->kind == NCFSM_BACKEND_NCCL ? be->device_count() : 0;
+  ncfsm_backend_info bi;
+  int have_be = ncfsm_backend_query(o.backend, &bi) == NCFSM_OK;
+  snprintf(why, sizeof why, "%s", bi.why);
+  int ngpu = have_be && bi.kind == NCFSM_BACKEND_NCCL ? bi.device_count : 0;
   if (require_gpu && ngpu <= 0) {
     printf("SKIP: --require-gpu and no GPU is visible (%s)\n", why[0] ? why : "0 CUDA devices");
     return 77;
   }
-  if (!be) {
+  if (!have_be) {
     fprintf(stderr, "no backend: %s\n", why);
     return 1;
   }
-  int sim = be->kind == NCFSM_BACKEND_SIM;
-  int ver = be->version();
+  int sim = bi.kind == NCFSM_BACKEND_SIM;
+  int ver = bi.nccl_version;
   char version[48];
   snprintf(version, sizeof version, "%d.%d.%d%s", ver / 10000, ver / 100 % 100, ver % 100,
            sim ? " (modelled)" : "");
@@ -289,7 +290,7 @@ int main(int argc, char **argv) {
     printf("03_completion_timing: in-place AllReduce SUM int32, %zu bytes per rank, %d ranks (%s)\n", bytes, nranks,
            mpi ? "one rank per process" : "one process, one thread");
     printf("backend %s, NCCL %s, %s comms; %d warm-up + %d measured cycles; each cycle: max across ranks\n",
-           be->name, version, blocking ? "blocking" : "nonblocking", warmup, cycles);
+           bi.name, version, blocking ? "blocking" : "nonblocking", warmup, cycles);
     if (sim)
       printf("SIMULATED: the sim backend is a model of NCCL on host memory. Every figure below is\n"
              "model time measured on the host (device = the sim's stream model), NOT GPU time.\n");
@@ -332,7 +333,7 @@ int main(int argc, char **argv) {
         for (int c = 0; c < cycles; c++)
           for (int r = 0; r < nranks; r++) {
             const sample *x = &all[(size_t)r * cycles + c];
-            fprintf(f, "%d,%d,%d,%s,%s,%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%s\n", c, r, nranks, be->name, version,
+            fprintf(f, "%d,%d,%d,%s,%s,%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%s\n", c, r, nranks, bi.name, version,
                     bytes, x->host_us, x->final_us, x->launch_us, x->complete_us, x->device_us, x->ready,
                     ncfsm_err_name((ncfsm_result_t)x->status));
           }
