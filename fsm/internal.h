@@ -187,7 +187,6 @@ void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress);
 bool ncfsm__loop_pending(ncfsm_loop *loop);      /* anything at all to do */
 bool ncfsm__loop_poll_pending(ncfsm_loop *loop); /* something the poll timer watches */
 void ncfsm__loop_flush_notes(ncfsm_loop *loop); /* called with mu held; drops and retakes it */
-void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec);
 
 #define NCFSM__IS_ERR(rc) ((rc) != NCFSM__NCCL_SUCCESS && (rc) != NCFSM__NCCL_IN_PROGRESS)
 

@@ -59,10 +59,6 @@ void ncfsm__loop_kick_async(ncfsm_loop *loop) {
   event_active(loop->ev_wake, EV_READ, 0);
 }
 
-void ncfsm__loop_trace(ncfsm_loop *loop, const ncfsm_trace_rec *rec) {
-  if (loop->trace) loop->trace(rec, loop->trace_arg);
-}
-
 /* Adaptive progress schedule: immediate re-polls after the last progress
  * (at least poll_burst of them, and for at least poll_burst_us, which covers
  * a small collective's round trip), then intervals doubling from 1 us up to
