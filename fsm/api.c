@@ -16,40 +16,19 @@ static bool comm_ok(const ncfsm_comm *c) { return c && c->magic == NCFSM__COMM_M
 static bool loop_ok(const ncfsm_loop *l) { return l && l->magic == NCFSM__LOOP_MAGIC; }
 static bool work_ok(const ncfsm_work *w) { return w && w->magic == NCFSM__WORK_MAGIC; }
 
-static void loop_error(ncfsm_loop *loop, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void loop_error(ncfsm_loop *loop, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(loop->last_error, sizeof loop->last_error, fmt, ap);
-  va_end(ap);
-  NCFSM_INFO(NCFSM__SUB_FSM, "%s", loop->last_error);
-}
-
 static bool in_own_group(const ncfsm_loop *loop) {
   return loop->group_depth > 0 && pthread_equal(loop->group_owner, pthread_self());
 }
 
-/* R3: inside a group, a failed call is returned again by the outermost end
- * (the first such error), as NCCL's ncclGroupErrCheck does. */
-static void group_note_error(ncfsm_comm *c, ncfsm_result_t r) {
-  ncfsm_loop *loop = c->loop;
-  if (in_own_group(loop) && loop->group_err == NCFSM_OK) {
-    loop->group_err = r;
-    snprintf(loop->last_error, sizeof loop->last_error, "%s", c->last_error);
-  }
-}
+/* Copies of per-handle strings for the calling thread: the loop thread may
+ * rewrite the comm's buffer as soon as the lock is released. */
+static _Thread_local char tls_msg[512];
 
-/* Check the legality table; on REJECT set the comm's last error naming the
- * state, the call, the rule and what to do. */
-static ncfsm_decision_t check_legal(ncfsm_comm *c, ncfsm_call_t call) {
-  const char *rule, *hint;
-  ncfsm_decision_t d = ncfsm_legality(c->state, call, &rule, &hint);
-  if (d == NCFSM_REJECT) {
-    ncfsm__set_error(c, "%s: illegal in state %s (%s): %s", ncfsm__call_fn(call),
-                     ncfsm_state_name(c->state), rule, hint);
-    group_note_error(c, NCFSM_ERR_ILLEGAL_STATE);
-  }
-  return d;
+static const char *copy_msg(const ncfsm_comm *c, const char *src) {
+  LOCK(c->loop);
+  snprintf(tls_msg, sizeof tls_msg, "%s", src);
+  UNLOCK(c->loop);
+  return tls_msg;
 }
 
 /* ---- options ------------------------------------------------------------------- */
@@ -59,7 +38,7 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   o->backend = NCFSM_BACKEND_AUTO;
   o->blocking = (int)ncfsm__env_ll("NCFSM_BLOCKING", 0);
   o->device = (int)ncfsm__env_ll("NCFSM_DEVICE", 0);
-  o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_TIMEOUT_MS", 0);
+  o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_TIMEOUT_MS", NCFSM_DEFAULT_TIMEOUT_MS);
   o->timing = (int)ncfsm__env_ll("NCFSM_TIMING", 0);
   const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
   o->on_error = !strcmp(p, "stay") ? NCFSM_ON_ERROR_STAY
@@ -97,15 +76,15 @@ ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncf
   char why[256];
   c->be = ncfsm__backend_get(c->opts.backend, why, sizeof why);
   if (!c->be) {
-    snprintf(loop->last_error, sizeof loop->last_error, "ncfsm_comm_new: backend %s unavailable: %s",
-             ncfsm_backend_name(c->opts.backend), why);
-    NCFSM_WARN(NCFSM__SUB_FSM, "%s", loop->last_error);
+    ncfsm__loop_error(loop, "ncfsm_comm_new: backend %s unavailable: %s",
+                      ncfsm_backend_name(c->opts.backend), why);
+    NCFSM_WARN(NCFSM__SUB_FSM, "ncfsm_comm_new: backend %s unavailable: %s",
+               ncfsm_backend_name(c->opts.backend), why);
     free(c);
     return NCFSM_ERR_UNSUPPORTED;
   }
   if (c->be->stream_create(c->opts.device, &c->stream) != 0) {
-    snprintf(loop->last_error, sizeof loop->last_error,
-             "ncfsm_comm_new: cannot create a stream on device %d", c->opts.device);
+    ncfsm__loop_error(loop, "ncfsm_comm_new: cannot create a stream on device %d", c->opts.device);
     free(c);
     return NCFSM_ERR_BACKEND;
   }
@@ -127,7 +106,8 @@ ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncf
 
 /* The INIT step, with loop->mu held: legality, arguments, transition. */
 static ncfsm_result_t comm_init_locked(ncfsm_comm *c, int nranks, int rank, const ncfsm_unique_id *id) {
-  if (check_legal(c, NCFSM_CALL_INIT) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
+  ncfsm_result_t why;
+  if (ncfsm__check_legal(c, NCFSM_CALL_INIT, &why) == NCFSM_REJECT) return why;
   if (nranks < 1 || rank < 0 || rank >= nranks || !id) {
     ncfsm__set_error(c, "ncfsm_comm_init: %s (nranks=%d rank=%d); pass 0 <= rank < nranks and a "
                         "unique id from ncfsm_get_unique_id",
@@ -139,7 +119,7 @@ static ncfsm_result_t comm_init_locked(ncfsm_comm *c, int nranks, int rank, cons
   c->nranks = nranks;
   c->rank = rank;
   c->uid = *id;
-  ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_start_init: issued at the next turn */
+  ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_accept_init: issued at the next turn */
   return NCFSM_OK;
 }
 
@@ -148,61 +128,51 @@ ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_
   ncfsm_loop *loop = c->loop;
   LOCK(loop);
   ncfsm_result_t r = comm_init_locked(c, nranks, rank, id);
-  if (r == NCFSM_OK) {
-    loop->ctl = true;
-    ncfsm__loop_wake(loop);
-  }
+  if (r == NCFSM_OK) ncfsm__loop_wake(loop);
   UNLOCK(loop);
   return r;
 }
 
-/* Runs inside the bootstrap's libevent callback: only flags the loop, without
- * its lock (a turn may hold the lock while freeing this very request). */
-static void uid_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
-  ncfsm_comm *c = arg;
-  (void)req;
-  (void)status;
-  ncfsm__loop_kick_async(c->loop);
-}
-
 ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
-  if (!comm_ok(c) || !boot) return NCFSM_ERR_INVALID_ARGUMENT;
-  int rank = ncfsm_boot_rank(boot), size = ncfsm_boot_size(boot);
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  int rank = boot ? ncfsm_boot_rank(boot) : -1, size = boot ? ncfsm_boot_size(boot) : -1;
+  LOCK(loop);
+  ncfsm_result_t r;
+  if (ncfsm__check_legal(c, NCFSM_CALL_INIT, &r) == NCFSM_REJECT) goto out;
+  r = NCFSM_ERR_INVALID_ARGUMENT;
+  if (!boot || size < 1 || rank < 0 || rank >= size ||
+      (size_t)size > SIZE_MAX / NCFSM_UNIQUE_ID_BYTES) {
+    ncfsm__set_error(c, "ncfsm_comm_init_boot: %s (rank %d of %d); open the bootstrap with "
+                        "ncfsm_boot_open on this loop's event_base first",
+                     !boot ? "boot is NULL" : "the bootstrap reports an invalid rank or size", rank,
+                     size);
+    goto out;
+  }
+  /* Only after the legality check: rank 0 makes the id the others receive. */
   ncfsm_unique_id id;
   memset(&id, 0, sizeof id);
   if (rank == 0 && ncfsm_get_unique_id(c->opts.backend, &id) != NCFSM_OK) {
-    LOCK(c->loop);
     ncfsm__set_error(c, "ncfsm_comm_init_boot: the %s backend could not make a unique id", c->be->name);
-    UNLOCK(c->loop);
-    return NCFSM_ERR_BACKEND;
+    r = NCFSM_ERR_BACKEND;
+    goto out;
   }
   char *buf = malloc((size_t)size * NCFSM_UNIQUE_ID_BYTES);
-  if (!buf) return NCFSM_ERR_NO_MEMORY;
-  ncfsm_loop *loop = c->loop;
-  LOCK(loop);
-  /* The INIT step and the exchange under one lock: a turn on another thread
-   * must never see INIT_IN_PROGRESS without the pending exchange. */
-  ncfsm_result_t r = comm_init_locked(c, size, rank, &id);
+  if (!buf) {
+    r = NCFSM_ERR_NO_MEMORY;
+    goto out;
+  }
+  /* INIT and the pending exchange under one lock: the loop thread posts the
+   * exchange at its next turn (the bootstrap is driven by its base's thread). */
+  r = comm_init_locked(c, size, rank, &id);
   if (r == NCFSM_OK) {
-    ncfsm_boot_req *req = NULL;
-    ncfsm_result_t br = ncfsm_boot_allgather_post(boot, &id, buf, NCFSM_UNIQUE_ID_BYTES, &req);
-    if (br != NCFSM_OK) {
-      free(buf);
-      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS,
-                       "unique id exchange");
-      ncfsm__set_error(c, "ncfsm_comm_init_boot: the bootstrap refused the unique id exchange: %s",
-                       ncfsm_boot_last_error(boot));
-      r = br;
-    } else {
-      c->uid_req = req;
-      c->uid_buf = buf;
-      ncfsm_boot_req_on_done(req, uid_done, c);
-    }
-    loop->ctl = true;
+    c->boot = boot;
+    c->uid_buf = buf;
     ncfsm__loop_wake(loop);
   } else {
     free(buf);
   }
+out:
   UNLOCK(loop);
   return r;
 }
@@ -254,16 +224,20 @@ int ncfsm_comm_rank(const ncfsm_comm *c) { LOCKED_GET(int, c->rank, -1); }
 int ncfsm_comm_size(const ncfsm_comm *c) { LOCKED_GET(int, c->nranks, -1); }
 int ncfsm_comm_device(const ncfsm_comm *c) { return comm_ok(c) ? c->opts.device : -1; }
 const char *ncfsm_comm_last_error(const ncfsm_comm *c) {
-  return comm_ok(c) ? c->last_error : "invalid communicator handle";
+  return comm_ok(c) ? copy_msg(c, c->last_error) : "invalid communicator handle";
+}
+const char *ncfsm_comm_failure(const ncfsm_comm *c) {
+  return comm_ok(c) ? copy_msg(c, c->failure) : "invalid communicator handle";
 }
 int ncfsm_comm_backend_error(const ncfsm_comm *c) { LOCKED_GET(int, c->async_code, -1); }
 uint64_t ncfsm_comm_seq(const ncfsm_comm *c) { LOCKED_GET(uint64_t, c->coll_seq, 0); }
 uint64_t ncfsm_comm_hash(const ncfsm_comm *c) { LOCKED_GET(uint64_t, c->hash, 0); }
 
-/* Can state s still be reached from the comm's current state? */
-static bool reachable(ncfsm_state_t from, ncfsm_state_t to) {
+/* Can the comm get from state from to state to: through any events, or
+ * (loop_only) through the loop's own events, with no further call? */
+static bool reachable(ncfsm_state_t from, ncfsm_state_t to, bool loop_only) {
   bool seen[NCFSM_STATE_COUNT] = {false};
-  ncfsm_state_t stack[NCFSM_STATE_COUNT * NCFSM_EVENT_COUNT];
+  ncfsm_state_t stack[NCFSM_STATE_COUNT];
   int n = 0;
   stack[n++] = from;
   seen[from] = true;
@@ -271,33 +245,50 @@ static bool reachable(ncfsm_state_t from, ncfsm_state_t to) {
     ncfsm_state_t s = stack[--n];
     if (s == to) return true;
     for (int e = 0; e < NCFSM_EVENT_COUNT; e++) {
-      ncfsm_state_t nx = ncfsm_transition(s, (ncfsm_event_t)e, NULL, NULL);
-      if (nx != NCFSM_STATE_COUNT && !seen[nx]) {
-        seen[nx] = true;
-        stack[n++] = nx;
-      }
+      if (loop_only && ncfsm_event_is_call((ncfsm_event_t)e)) continue;
+      ncfsm_transition_row rows[4];
+      int k = ncfsm_transition_rows(s, (ncfsm_event_t)e, rows, 4);
+      for (int i = 0; i < k && i < 4; i++)
+        if (!seen[rows[i].next]) {
+          seen[rows[i].next] = true;
+          stack[n++] = rows[i].next;
+        }
     }
   }
   return false;
 }
 
+/* The calls legal in state s, for messages: "ncfsm_comm_abort, ncfsm_comm_revoke". */
+static void legal_calls(ncfsm_state_t s, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int k = 0; k < NCFSM_CALL_COUNT && o < len; k++) {
+    if (ncfsm_legality(s, (ncfsm_call_t)k, NULL, NULL) == NCFSM_REJECT) continue;
+    int w = snprintf(buf + o, len - o, "%s%s", o ? ", " : "", ncfsm__call_fn((ncfsm_call_t)k));
+    if (w < 0) break;
+    o += (size_t)w;
+  }
+  if (!buf[0]) snprintf(buf, len, "none");
+}
+
 /* Block the caller until pred(arg) holds (under the lock), running the loop
- * if no other thread does. Returns OK, ERR_TIMEOUT or ERR_ILLEGAL_STATE
- * (when nothing pending can make progress: a deadlock the caller made). */
+ * if no other thread does. Returns OK, ERR_AGAIN (the wait's own timeout)
+ * or ERR_ILLEGAL_STATE (nothing pending can make progress: a deadlock the
+ * caller made). */
 static ncfsm_result_t wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *arg,
                                  uint64_t timeout_ms) {
   uint64_t deadline = ncfsm__deadline(ncfsm__now_ns(), timeout_ms);
   LOCK(loop);
   if (ncfsm__loop_in_turn(loop) && !pred(arg)) {
-    snprintf(loop->last_error, sizeof loop->last_error,
-             "a blocking wait was called from inside one of the loop's callbacks (a work or state "
-             "callback may not wait on its own loop; submit and return instead)");
     UNLOCK(loop);
+    ncfsm__loop_error(loop, "a blocking wait was called from inside one of the loop's callbacks (a "
+                            "work or state callback may not wait on its own loop; submit and return "
+                            "instead)");
     return NCFSM_ERR_INVALID_USAGE;
   }
   for (;;) {
     if (pred(arg)) { UNLOCK(loop); return NCFSM_OK; }
-    if (deadline && ncfsm__now_ns() > deadline) { UNLOCK(loop); return NCFSM_ERR_TIMEOUT; }
+    if (deadline && ncfsm__now_ns() > deadline) { UNLOCK(loop); return NCFSM_ERR_AGAIN; }
     if (ncfsm__loop_can_drive(loop)) {
       bool pending = ncfsm__loop_pending(loop);
       UNLOCK(loop);
@@ -319,7 +310,13 @@ struct state_wait { ncfsm_comm *c; ncfsm_state_t s; bool unreachable; };
 static bool state_reached(void *arg) {
   struct state_wait *sw = arg;
   if (sw->c->state == sw->s) return true;
-  if (!reachable(sw->c->state, sw->s)) { sw->unreachable = true; return true; }
+  /* A state the comm cannot reach even with calls ends the wait at once;
+   * one that needs a call (ncfsm_group_end, ncfsm_comm_revoke...) is waited
+   * for while something is pending: another thread may make that call. */
+  if (!reachable(sw->c->state, sw->s, false)) {
+    sw->unreachable = true;
+    return true;
+  }
   return false;
 }
 
@@ -327,23 +324,21 @@ ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *c, ncfsm_state_t s, uint64_t ti
   if (!comm_ok(c) || (unsigned)s >= NCFSM_STATE_COUNT) return NCFSM_ERR_INVALID_ARGUMENT;
   struct state_wait sw = {c, s, false};
   ncfsm_result_t r = wait_until(c->loop, state_reached, &sw, timeout_ms);
-  if (r == NCFSM_OK && sw.unreachable) {
-    LOCK(c->loop);
-    ncfsm__set_error(c, "ncfsm_comm_wait_state: %s cannot be reached from %s%s%s",
-                     ncfsm_state_name(s), ncfsm_state_name(c->state),
-                     c->state == NCFSM_STATE_ERROR || c->state == NCFSM_STATE_CLOSED ? "; cause: " : "",
-                     c->cause != NCFSM_OK ? ncfsm_err_name(c->cause) : "");
-    UNLOCK(c->loop);
-    return NCFSM_ERR_ILLEGAL_STATE;
-  }
-  if (r == NCFSM_ERR_ILLEGAL_STATE) {
-    LOCK(c->loop);
-    ncfsm__set_error(c, "ncfsm_comm_wait_state: waiting for %s in state %s, but nothing is pending "
-                        "(an open group? a missing init?)",
-                     ncfsm_state_name(s), ncfsm_state_name(c->state));
-    UNLOCK(c->loop);
-  }
-  return r;
+  if (r != NCFSM_OK && r != NCFSM_ERR_ILLEGAL_STATE) return r;
+  if (r == NCFSM_OK && !sw.unreachable) return NCFSM_OK;
+  LOCK(c->loop);
+  char calls[256];
+  legal_calls(c->state, calls, sizeof calls);
+  /* The comm's failure stays readable through ncfsm_comm_failure; it is
+   * repeated here so that this message alone says what happened. */
+  ncfsm__set_error(c, "ncfsm_comm_wait_state: waiting for %s in state %s: %s; calls legal now: %s%s%s",
+                   ncfsm_state_name(s), ncfsm_state_name(c->state),
+                   sw.unreachable ? "it cannot be reached from here"
+                   : reachable(c->state, s, true) ? "nothing is pending that could move the communicator on"
+                                                  : "only a call can move the communicator on",
+                   calls, c->failure[0] ? "; failure: " : "", c->failure);
+  UNLOCK(c->loop);
+  return NCFSM_ERR_ILLEGAL_STATE;
 }
 
 ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *c) {
@@ -351,16 +346,9 @@ ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   LOCK(loop);
   ncfsm_result_t r = NCFSM_OK;
-  if (check_legal(c, NCFSM_CALL_FINALIZE) == NCFSM_REJECT) {
-    r = NCFSM_ERR_ILLEGAL_STATE;
-  } else if (c->enlisted) { /* its ops in an open group must launch before NCCL finalizes */
-    ncfsm__set_error(c, "ncfsm_comm_finalize: the communicator has ops in an open group (R3); call "
-                        "ncfsm_group_end first");
-    group_note_error(c, NCFSM_ERR_ILLEGAL_STATE);
-    r = NCFSM_ERR_ILLEGAL_STATE;
-  } else {
-    ncfsm__fire(c, NCFSM_EV_FINALIZE, NCFSM_OK); /* act_finalize_after_queue (R4) */
-    loop->ctl = true;
+  if (ncfsm__check_legal(c, NCFSM_CALL_FINALIZE, &r) != NCFSM_REJECT) {
+    r = NCFSM_OK;
+    ncfsm__fire(c, NCFSM_EV_FINALIZE, NCFSM_OK); /* act_drain_then_finalize (R4) */
     ncfsm__loop_wake(loop);
   }
   UNLOCK(loop);
@@ -368,7 +356,8 @@ ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *c) {
 }
 
 /* Destroy and abort make blocking backend calls; they run inline when the
- * caller may drive the loop, else on the loop thread while the caller waits. */
+ * caller may drive the loop, else on the loop thread while the caller waits.
+ * Either way the loop's lock is released during the backend call. */
 struct sync_call {
   ncfsm_comm *c;
   ncfsm_result_t (*fn)(ncfsm_comm *);
@@ -400,39 +389,48 @@ static ncfsm_result_t on_loop(ncfsm_comm *c, ncfsm_result_t (*fn)(ncfsm_comm *))
   }
   UNLOCK(loop);
   struct sync_call s = {c, fn, NCFSM_OK, false};
+  c->refs++; /* the handle stays valid until the loop ran fn */
   ncfsm_result_t r = ncfsm_loop_call(loop, sync_tramp, &s);
-  if (r != NCFSM_OK) return r;
-  wait_until(loop, sync_done, &s, 0);
-  return s.r;
+  if (r == NCFSM_OK) wait_until(loop, sync_done, &s, 0);
+  LOCK(loop);
+  ncfsm__comm_unref(c);
+  UNLOCK(loop);
+  return r == NCFSM_OK ? s.r : r;
 }
 
 static ncfsm_result_t do_destroy(ncfsm_comm *c) {
-  if (check_legal(c, NCFSM_CALL_DESTROY) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
-  if (c->npending || c->launching || c->enlisted) {
-    ncfsm__set_error(c, "ncfsm_comm_destroy: %s in state %s; wait for them or abort (R4)",
-                     c->enlisted ? "ops are in an open group" : "works are not launched yet",
-                     ncfsm_state_name(c->state));
-    return NCFSM_ERR_ILLEGAL_STATE;
-  }
+  ncfsm_result_t r;
+  if (ncfsm__check_legal(c, NCFSM_CALL_DESTROY, &r) == NCFSM_REJECT) return r;
+  ncfsm_loop *loop = c->loop;
+  ncfsm__fire(c, NCFSM_EV_DESTROY, NCFSM_OK); /* act_close_idle: CLOSING */
+  void *bcomm = c->bcomm;
   c->be_calls++;
-  int rc = c->be->destroy(c->bcomm);
+  c->refs++;
+  ncfsm__loop_claim(loop);
+  UNLOCK(loop);
+  int rc = c->be->destroy(bcomm); /* ~500 ms on GPUs: never under the lock */
+  LOCK(loop);
+  ncfsm__loop_unclaim(loop);
   if (rc != NCFSM__NCCL_SUCCESS) {
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommDestroy");
+    ncfsm__comm_unref(c);
     return NCFSM_ERR_BACKEND;
   }
-  c->bcomm = NULL;
-  ncfsm__fire(c, NCFSM_EV_DESTROY, NCFSM_OK); /* act_close; in-flight works finish on their events */
+  ncfsm__fire(c, NCFSM_EV_CLOSE_DONE, NCFSM_OK); /* act_release_backend */
+  ncfsm__comm_unref(c);
   return NCFSM_OK;
 }
 
 static ncfsm_result_t do_abort(ncfsm_comm *c) {
-  if (check_legal(c, NCFSM_CALL_ABORT) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
-  ncfsm__comm_do_abort(c);
+  ncfsm_result_t r;
+  if (ncfsm__check_legal(c, NCFSM_CALL_ABORT, &r) == NCFSM_REJECT) return r;
+  ncfsm__comm_abort_now(c); /* CLOSING, ncclCommAbort without the lock, CLOSED */
   return NCFSM_OK;
 }
 
 static ncfsm_result_t do_revoke(ncfsm_comm *c) {
-  if (check_legal(c, NCFSM_CALL_REVOKE) == NCFSM_REJECT) return NCFSM_ERR_ILLEGAL_STATE;
+  ncfsm_result_t r;
+  if (ncfsm__check_legal(c, NCFSM_CALL_REVOKE, &r) == NCFSM_REJECT) return r;
   unsigned feat = c->bcomm && c->be->comm_features ? c->be->comm_features(c->bcomm) : c->be->features();
   if (!(feat & NCFSM__HAS_REVOKE)) {
     ncfsm__set_error(c, "ncfsm_comm_revoke: the %s runtime (NCCL %d) has no ncclCommRevoke; it needs "
@@ -445,15 +443,20 @@ static ncfsm_result_t do_revoke(ncfsm_comm *c) {
                         "use ncfsm_comm_abort", ncfsm_state_name(c->state));
     return NCFSM_ERR_ILLEGAL_STATE;
   }
+  /* R6: what completed before the revoke keeps its result; what did not is
+   * stopped by it, and its event completing later proves nothing. */
+  ncfsm__drain(c);
   c->be_calls++;
   int rc = c->be->revoke(c->bcomm, 0);
   if (NCFSM__IS_ERR(rc)) {
-    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommRevoke");
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc), rc, "ncclCommRevoke");
+    ncfsm__set_error(c, "ncfsm_comm_revoke: ncclCommRevoke returned %s in state %s; the "
+                        "communicator is %s now: call ncfsm_comm_abort",
+                     ncfsm__nccl_result_name(rc), ncfsm_state_name(c->state),
+                     ncfsm_state_name(c->state));
     return NCFSM_ERR_BACKEND;
   }
-  c->busy = false;
-  ncfsm__comm_drop_queued(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
-  ncfsm__fire(c, NCFSM_EV_REVOKE, NCFSM_OK); /* act_poll_until_quiescent (R6) */
+  ncfsm__fire(c, NCFSM_EV_REVOKE, NCFSM_OK); /* act_revoke_works (R6) */
   return NCFSM_OK;
 }
 
@@ -471,15 +474,18 @@ ncfsm_result_t ncfsm_comm_release(ncfsm_comm *c) {
   if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
   ncfsm_loop *loop = c->loop;
   LOCK(loop);
-  if (check_legal(c, NCFSM_CALL_RELEASE) == NCFSM_REJECT || c->released) {
-    UNLOCK(loop);
-    return NCFSM_ERR_ILLEGAL_STATE;
+  ncfsm_result_t r = NCFSM_OK;
+  if (c->released) {
+    ncfsm__set_error(c, "ncfsm_comm_release: the handle was released already");
+    r = NCFSM_ERR_INVALID_USAGE;
+  } else if (ncfsm__check_legal(c, NCFSM_CALL_RELEASE, &r) != NCFSM_REJECT) {
+    /* The handle is dead for the user; memory goes with the last reference. */
+    r = NCFSM_OK;
+    c->released = true;
+    ncfsm__comm_unref(c);
   }
-  /* The handle is dead for the user; memory goes with the last work reference. */
-  c->released = true;
-  ncfsm__comm_unref(c);
   UNLOCK(loop);
-  return NCFSM_OK;
+  return r;
 }
 
 ncfsm_result_t ncfsm_stream_create(ncfsm_comm *c, void **stream) {
@@ -488,7 +494,24 @@ ncfsm_result_t ncfsm_stream_create(ncfsm_comm *c, void **stream) {
 }
 ncfsm_result_t ncfsm_stream_destroy(ncfsm_comm *c, void *stream) {
   if (!comm_ok(c) || !stream) return NCFSM_ERR_INVALID_ARGUMENT;
-  return c->be->stream_destroy(stream) == 0 ? NCFSM_OK : NCFSM_ERR_BACKEND;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  if (stream == c->stream) {
+    ncfsm__set_error(c, "ncfsm_stream_destroy: this is the communicator's own stream (the NULL "
+                        "stream argument); it goes with the communicator");
+    UNLOCK(loop);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (ncfsm__stream_in_use(loop, stream)) {
+    ncfsm__set_error(c, "ncfsm_stream_destroy: works that are not finished name this stream (a "
+                        "submitted op is on its stream only once launched); wait for them, then "
+                        "destroy it");
+    UNLOCK(loop);
+    return NCFSM_ERR_BUSY;
+  }
+  int rc = c->be->stream_destroy(stream);
+  UNLOCK(loop);
+  return rc == 0 ? NCFSM_OK : NCFSM_ERR_BACKEND;
 }
 
 /* ---- groups (R3) ---------------------------------------------------------------- */
@@ -497,7 +520,7 @@ ncfsm_result_t ncfsm_group_start(ncfsm_loop *loop) {
   if (!loop_ok(loop)) return NCFSM_ERR_INVALID_ARGUMENT;
   LOCK(loop);
   if (loop->group_depth > 0 && !pthread_equal(loop->group_owner, pthread_self())) {
-    loop_error(loop, "ncfsm_group_start: a group is open on another thread (R3: groups are "
+    ncfsm__loop_error(loop, "ncfsm_group_start: a group is open on another thread (R3: groups are "
                      "thread-local); only the thread that opened it may nest or end it");
     UNLOCK(loop);
     return NCFSM_ERR_WRONG_THREAD;
@@ -534,13 +557,13 @@ ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
   if (!loop_ok(loop)) return NCFSM_ERR_INVALID_ARGUMENT;
   LOCK(loop);
   if (loop->group_depth == 0) {
-    loop_error(loop, "ncfsm_group_end: not in a group (R3: ncclGroupEnd at depth 0 returns "
+    ncfsm__loop_error(loop, "ncfsm_group_end: not in a group (R3: ncclGroupEnd at depth 0 returns "
                      "ncclInvalidUsage); balance every ncfsm_group_start with one ncfsm_group_end");
     UNLOCK(loop);
     return NCFSM_ERR_INVALID_USAGE;
   }
   if (!pthread_equal(loop->group_owner, pthread_self())) {
-    loop_error(loop, "ncfsm_group_end: the group was opened by another thread (R3: a group opened on "
+    ncfsm__loop_error(loop, "ncfsm_group_end: the group was opened by another thread (R3: a group opened on "
                      "thread A cannot be closed on thread B); end it on the thread that started it");
     UNLOCK(loop);
     return NCFSM_ERR_WRONG_THREAD;
@@ -554,12 +577,12 @@ ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
   ncfsm_result_t err = loop->group_err;
   loop->group_err = NCFSM_OK;
   if (err != NCFSM_OK) {
-    loop_error(loop, "ncfsm_group_end: the group failed: an earlier call in it returned %s (R3); its "
+    ncfsm__loop_error(loop, "ncfsm_group_end: the group failed: an earlier call in it returned %s (R3); its "
                      "other works fail with NCFSM_ERR_GROUP and nothing reached the backend",
                ncfsm_err_name(err));
   } else if (works && mixed_blocking(works)) {
     err = NCFSM_ERR_INVALID_USAGE;
-    loop_error(loop, "ncfsm_group_end: the group mixes blocking and nonblocking communicators (R3: "
+    ncfsm__loop_error(loop, "ncfsm_group_end: the group mixes blocking and nonblocking communicators (R3: "
                      "NCCL refuses or mis-runs such a group); put them in separate groups");
   } else if (works && loop->opts.overlap != NCFSM_OVERLAP_OFF) {
     ncfsm_work *x, *y;
@@ -569,7 +592,7 @@ ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
       describe_op(y, b, sizeof b);
       if (loop->opts.overlap == NCFSM_OVERLAP_REJECT) {
         err = NCFSM_ERR_OVERLAP;
-        loop_error(loop, "ncfsm_group_end: %s and %s overlap where one writes; NCCL runs the ops of "
+        ncfsm__loop_error(loop, "ncfsm_group_end: %s and %s overlap where one writes; NCCL runs the ops of "
                          "one group in any order (R12); issue them in separate groups",
                    a, b);
       } else {
@@ -577,33 +600,39 @@ ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop) {
       }
     }
   }
+  int nw = 0;
+  for (ncfsm_work *w = works; w; w = w->bnext) nw++;
   ncfsm__batch *batch = NULL;
   if (err == NCFSM_OK && works) {
-    batch = calloc(1, sizeof *batch);
-    if (!batch) err = NCFSM_ERR_NO_MEMORY;
-    else batch->explicit_group = true;
+    batch = calloc(1, sizeof *batch + (size_t)nw * sizeof(ncfsm__blink));
+    if (!batch) {
+      err = NCFSM_ERR_NO_MEMORY;
+      ncfsm__loop_error(loop, "ncfsm_group_end: out of memory for the group's batch; its works fail");
+    } else {
+      batch->explicit_group = true;
+      batch->links = (ncfsm__blink *)(batch + 1);
+    }
   }
   for (ncfsm_work *w = works, *next; w; w = next) {
     next = w->bnext;
+    w->bnext = NULL;
     ncfsm_comm *c = w->comm;
-    if (c->enlisted) {
-      c->enlisted = false;
-      if (c->state == NCFSM_STATE_GROUP_OPEN) ncfsm__fire(c, NCFSM_EV_GROUP_CLOSE, err);
+    if (c->ngroup) { /* the first of c's works: c's ops leave the group */
+      c->ngroup = 0;
+      if (batch) batch->links[batch->nlinks++].c = c;
+      ncfsm__fire(c, NCFSM_EV_GROUP_CLOSE, err); /* act_queue_group */
     }
     if (err != NCFSM_OK) {
-      w->bnext = NULL;
       ncfsm__work_finish(w, NCFSM_WORK_FAILED, err == NCFSM_ERR_OVERLAP ? err : NCFSM_ERR_GROUP);
       continue;
     }
     w->batch = batch;
-    w->bnext = NULL;
     if (batch->tail) batch->tail->bnext = w;
     else batch->head = w;
     batch->tail = w;
     batch->nworks++;
-    c->npending++;
   }
-  if (batch) ncfsm__batch_append(loop, batch); /* act_queue_group */
+  if (batch) ncfsm__batch_queue(loop, batch);
   if (works) ncfsm__loop_wake(loop);
   UNLOCK(loop);
   return err;
@@ -684,14 +713,6 @@ static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op
   return NCFSM_OK;
 }
 
-static ncfsm_work *work_alloc(ncfsm_loop *loop) {
-  ncfsm_work *w = loop->free_works;
-  if (w) loop->free_works = w->next;
-  else if (!(w = malloc(sizeof *w))) return NULL;
-  memset(w, 0, sizeof *w);
-  return w;
-}
-
 static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_cb cb,
                              void *arg, ncfsm_work **out) {
   if (out) *out = NULL;
@@ -700,21 +721,15 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   LOCK(loop);
   bool in_group = in_own_group(loop);
   ncfsm_result_t r = NCFSM_OK;
-  ncfsm_decision_t d = check_legal(c, call);
-  if (d == NCFSM_REJECT) {
-    r = NCFSM_ERR_ILLEGAL_STATE;
-  } else if (c->enlisted && !in_group) {
-    ncfsm__set_error(c, "%s: the communicator has ops in a group opened by another thread (R3, R9); "
-                        "submit from that thread or after its ncfsm_group_end",
-                     ncfsm__call_fn(call));
-    r = NCFSM_ERR_WRONG_THREAD;
-  } else {
-    r = validate(c, call, o);
+  if (ncfsm__check_legal(c, call, &r) == NCFSM_REJECT) { /* guard GROUP_THREAD too (R3, R9) */
+    UNLOCK(loop);
+    return r;
   }
+  r = validate(c, call, o);
   ncfsm_work *w = NULL;
-  if (r == NCFSM_OK && !(w = work_alloc(loop))) r = NCFSM_ERR_NO_MEMORY;
+  if (r == NCFSM_OK && !(w = ncfsm__work_alloc(loop))) r = NCFSM_ERR_NO_MEMORY;
   if (r != NCFSM_OK) {
-    group_note_error(c, r);
+    ncfsm__group_note_error(c, r);
     UNLOCK(loop);
     return r;
   }
@@ -729,6 +744,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   w->state = NCFSM_WORK_QUEUED;
   w->t_submit = ncfsm__now_ns();
   w->refs = out ? 2 : 1;
+  w->user_held = out != NULL;
   w->device_ms = -1;
   c->refs++;
   bool p2p = o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV;
@@ -743,32 +759,31 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   };
   if (!p2p) /* rolling hash of the collective sequence (R11); P2P matches pairwise */
     c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);
-  bool wake = false;
-  if (in_group) {
-    w->bnext = NULL;
-    if (loop->group_tail) loop->group_tail->bnext = w;
-    else loop->group_head = w;
-    loop->group_tail = w;
-    c->enlisted = true;
-    if (c->state == NCFSM_STATE_READY || c->state == NCFSM_STATE_GROUP_OPEN)
-      ncfsm__fire(c, NCFSM_EV_ENLIST, NCFSM_OK); /* act_collect_in_group (R3) */
-  } else {
-    ncfsm__batch *b = &w->single;
-    b->head = b->tail = w;
-    b->nworks = 1;
-    b->explicit_group = false;
-    w->batch = b;
-    c->npending++;
-    ncfsm__batch_append(loop, b);
-    wake = true;
-  }
   if (loop->trace) {
     ncfsm_trace_rec rec = {NCFSM_OBJ_WORK, w, c->rank, w->fp.seq, -1, -1, NCFSM_WORK_QUEUED, NCFSM_OK,
                            w->t_submit};
     loop->trace(&rec, loop->trace_arg);
   }
+  if (in_group) {
+    w->bnext = NULL;
+    if (loop->group_tail) loop->group_tail->bnext = w;
+    else loop->group_head = w;
+    loop->group_tail = w;
+    c->ngroup++;
+    ncfsm__fire(c, NCFSM_EV_ENLIST, NCFSM_OK); /* act_collect_in_group (R3) */
+  } else {
+    ncfsm__batch *b = &w->single;
+    b->head = b->tail = w;
+    b->nworks = 1;
+    b->explicit_group = false;
+    b->nlinks = 1;
+    b->links = &w->single_link;
+    w->single_link.c = c;
+    w->batch = b;
+    ncfsm__batch_queue(loop, b);
+    ncfsm__loop_wake(loop);
+  }
   if (out) *out = w;
-  if (wake) ncfsm__loop_wake(loop);
   UNLOCK(loop);
   return NCFSM_OK;
 }
@@ -863,6 +878,10 @@ static bool work_delivered(void *arg) { return ((ncfsm_work *)arg)->delivered; }
 
 ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms) {
   if (!work_ok(w)) return NCFSM_ERR_INVALID_ARGUMENT;
+  LOCK(w->comm->loop);
+  bool held = w->user_held;
+  UNLOCK(w->comm->loop);
+  if (!held) return NCFSM_ERR_INVALID_USAGE; /* a released handle */
   ncfsm_result_t r = wait_until(w->comm->loop, work_delivered, w, timeout_ms);
   if (r == NCFSM_ERR_ILLEGAL_STATE) {
     LOCK(w->comm->loop);
@@ -875,12 +894,28 @@ ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms) {
   return r == NCFSM_OK ? w->status : r;
 }
 
-void ncfsm_work_release(ncfsm_work *w) {
-  if (!work_ok(w)) return;
+ncfsm_result_t ncfsm_work_release(ncfsm_work *w) {
+  if (!w) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (w->magic == NCFSM__DEAD_MAGIC) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "ncfsm_work_release: the work handle %p was released already (or "
+               "never returned to you); each handle is released once", (void *)w);
+    return NCFSM_ERR_INVALID_USAGE;
+  }
+  if (!work_ok(w)) return NCFSM_ERR_INVALID_ARGUMENT;
   ncfsm_loop *loop = w->comm->loop;
   LOCK(loop);
-  ncfsm__work_unref(w);
+  ncfsm_result_t r = NCFSM_OK;
+  if (!w->user_held) {
+    ncfsm__set_error(w->comm, "ncfsm_work_release: work seq %llu (%s) was released already; each "
+                              "handle is released once, and not used afterwards",
+                     (unsigned long long)w->fp.seq, ncfsm_work_state_name(w->state));
+    r = NCFSM_ERR_INVALID_USAGE;
+  } else {
+    w->user_held = false;
+    ncfsm__work_unref(w);
+  }
   UNLOCK(loop);
+  return r;
 }
 
 /* ---- sim introspection ------------------------------------------------------------------ */

@@ -1,4 +1,18 @@
-/* Engine internals: the loop, communicator and work objects. */
+/*
+ * Engine internals: the loop, communicator, batch and work objects, and the
+ * functions the engine's files share. Every function declared here runs
+ * with loop->mu held unless its comment says otherwise.
+ *
+ *   table.c     the dense tables of fsm/comm.def; ncfsm__fire dispatches them
+ *   guards.c    the table's guards (guard_<name>)
+ *   actions.c   the table's actions (act_<name>)
+ *   works.c     work and comm references, final states, callbacks' queue
+ *   launcher.c  per-comm launch queues, launches, inits, finalizes, aborts
+ *   ranges.c    buffer ranges: R12 overlap checks
+ *   progress.c  polls of the async state and of completion events
+ *   watchdog.c  deadlines and the error policy (ncfsm__comm_fail)
+ *   loop.c      the libevent glue; api.c the public calls
+ */
 #ifndef NCFSM_FSM_INTERNAL_H
 #define NCFSM_FSM_INTERNAL_H
 
@@ -15,8 +29,13 @@
 #define NCFSM__WORK_MAGIC 0x574f524bu /* 'WORK' */
 #define NCFSM__DEAD_MAGIC 0xdeaddeadu
 
+/* Freed works wait in a FIFO this long before their memory is reused, so a
+ * stale handle (a second release) is still recognised as dead. */
+#define NCFSM__WORK_QUARANTINE 64
+
 typedef struct ncfsm__mark ncfsm__mark;
 typedef struct ncfsm__batch ncfsm__batch;
+typedef struct ncfsm__blink ncfsm__blink;
 typedef struct ncfsm__spanset ncfsm__spanset;
 
 /* A completion event shared by the works of one launch on one stream. */
@@ -27,14 +46,25 @@ struct ncfsm__mark {
   ncfsm__mark *next_free;
 };
 
+/* A batch's place in one comm's launch queue. */
+struct ncfsm__blink {
+  ncfsm__batch *b;
+  ncfsm_comm *c;
+  ncfsm__blink *next;
+};
+
 /* A unit of launch: one ungrouped op, or all ops of one user group (which
- * may span communicators). Batches launch in FIFO order; a batch is never
- * split; consecutive batches may share one backend group (coalescing). */
+ * may span communicators). A batch sits in the launch queue of each comm it
+ * touches and launches when it heads all of them (per-comm FIFO order). It
+ * is never split; batches over the same set of comms may share one backend
+ * group (coalescing), batches over different comms never do (R13). */
 struct ncfsm__batch {
   ncfsm_work *head, *tail; /* linked through ncfsm_work.bnext */
   int nworks;
-  bool explicit_group;
-  ncfsm__batch *next;
+  bool explicit_group;     /* allocated by ncfsm_group_end; else embedded in its work */
+  int nlinks;              /* entries of links */
+  int nlive;               /* links still queued (c != NULL) */
+  ncfsm__blink *links;     /* one per comm; &single_link for an ungrouped op */
 };
 
 /* A buffer range an op touches on its rank (R12 checks). */
@@ -45,7 +75,8 @@ typedef struct ncfsm__span {
 
 struct ncfsm_work {
   uint32_t magic;
-  int refs; /* the user's (if it asked for the handle) + the engine's */
+  int refs;        /* the user's (while user_held) + the engine's until delivered */
+  bool user_held;  /* the caller asked for the handle and has not released it */
   ncfsm_comm *comm;
   ncfsm__op op;
   ncfsm_fingerprint_t fp;
@@ -56,14 +87,15 @@ struct ncfsm_work {
   int backend_code;
   ncfsm_work_cb cb;
   void *arg;
-  ncfsm__batch *batch;   /* while QUEUED for launch */
-  ncfsm__batch single;   /* storage for the batch of an ungrouped op */
-  ncfsm__mark *mark;     /* completion event, once IN_FLIGHT */
-  ncfsm__mark *start_mark; /* timing: event recorded just before the launch */
+  ncfsm__batch *batch;      /* while QUEUED in a launch queue */
+  ncfsm__batch single;      /* storage for the batch of an ungrouped op */
+  ncfsm__blink single_link;
+  ncfsm__mark *mark;        /* completion event, once IN_FLIGHT */
+  ncfsm__mark *start_mark;  /* timing: event recorded just before the launch */
   float device_ms;
   uint64_t t_submit, t_launch, t_final, t_complete, deadline_ns;
   ncfsm_work *bnext;     /* batch / group list */
-  ncfsm_work *next;      /* launching list, stream queue, notify list */
+  ncfsm_work *next;      /* launching list, stream queue, notify list, free list */
   bool notified;  /* final state reached, callback queued */
   bool delivered; /* callback has run */
 };
@@ -77,7 +109,7 @@ struct ncfsm_comm {
   uint32_t magic;
   ncfsm_loop *loop;
   ncfsm_comm *next; /* loop's list */
-  int refs;         /* 1 for the user handle + 1 per live work */
+  int refs;         /* 1 for the user handle + 1 per live work + engine holds */
   bool released;
   ncfsm_state_t state;
   ncfsm_comm_opts opts;
@@ -87,16 +119,14 @@ struct ncfsm_comm {
   void *bcomm;
   int rank, nranks;
   ncfsm_unique_id uid;
-  bool init_issued;
-  struct ncfsm_boot_req *uid_req; /* unique id exchange in flight (ncfsm_comm_init_boot) */
+  struct ncfsm_boot *boot;        /* ncfsm_comm_init_boot: the exchange is posted by the loop */
+  struct ncfsm_boot_req *uid_req; /* unique id exchange in flight */
   char *uid_buf;                  /* size * NCFSM_UNIQUE_ID_BYTES */
-  bool busy;          /* a launch (or finalize/revoke) is in progress in NCCL */
-  bool fin_issued;
-  bool enlisted;      /* has works in the loop's open group */
-  bool abort_pending; /* error policy: abort at the next tick */
-  int async_code;     /* backend async error when in ERROR */
+  int async_code;     /* backend code of the failure that moved it to ERROR */
   ncfsm_result_t cause;
-  int npending;       /* works queued in batches, not launched */
+  ncfsm_event_t fail_ev; /* ASYNC_ERROR or TIMEOUT while act_fail_pending runs */
+  int ngroup;         /* works of this comm in the loop's open group (guards GROUP_OPS...) */
+  ncfsm__blink *bq_head, *bq_tail; /* launch queue */
   ncfsm_work *launching, *launching_tail; /* handed to NCCL, launch not final yet */
   ncfsm__squeue *sq;  /* in-flight works per stream */
   int nsq, capsq;
@@ -109,6 +139,7 @@ struct ncfsm_comm {
   uint64_t async_watch_ns; /* last async-state poll while works were in flight */
   uint64_t be_calls;   /* backend calls made for this comm (not polls/events): tests */
   char last_error[512];
+  char failure[512];   /* the message of the failure that ended its healthy life */
 };
 
 typedef struct ncfsm__call_req {
@@ -134,10 +165,12 @@ struct ncfsm_loop {
   ncfsm_loop_opts opts;
   pthread_t runner;      /* thread inside the loop (valid when running) */
   int running;
+  int claimed;           /* ncfsm__loop_claim: a blocking backend call outside a turn */
   pthread_t thread;      /* ncfsm_loop_start_thread */
   bool thread_started, thread_stop;
   ncfsm_comm *comms;
   int ncomms;
+  int nqueued;           /* batches in launch queues (all comms) */
   bool ctl;              /* control work may be due: aborts, inits, finalizes */
   _Atomic int async_kick; /* set without the lock (bootstrap callbacks): the next turn looks at ctl */
   /* group (R3) */
@@ -145,17 +178,15 @@ struct ncfsm_loop {
   pthread_t group_owner;
   ncfsm_result_t group_err;
   ncfsm_work *group_head, *group_tail;
-  /* launch queue */
-  ncfsm__batch *bq_head, *bq_tail;
   /* callbacks to deliver on the loop thread */
   ncfsm_work *notify_head, *notify_tail;
   struct ncfsm__state_note *snote_head, *snote_tail;
   ncfsm__call_req *calls_head, *calls_tail;
   ncfsm_trace_fn trace;
   void *trace_arg;
-  ncfsm_work *free_works;
+  ncfsm_work *free_head, *free_tail; /* FIFO; reused once longer than the quarantine */
+  int nfree;
   ncfsm__spanset *spans; /* the launcher's R12 check */
-  char last_error[512];
 };
 
 struct ncfsm__state_note {
@@ -171,44 +202,108 @@ static inline uint64_t ncfsm__deadline(uint64_t now_ns, uint64_t ms) {
   return now_ns + ms * 1000000ull;
 }
 
+static inline bool ncfsm__has(const ncfsm_comm *c, unsigned flag) {
+  return (ncfsm_state_flags(c->state) & flag) != 0;
+}
+
+#define NCFSM__IS_ERR(rc) ((rc) != NCFSM__NCCL_SUCCESS && (rc) != NCFSM__NCCL_IN_PROGRESS)
+
 /* For tests: backend calls (init, op, finalize, destroy, abort, revoke) made for c. */
 uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c);
 
-/* table.c */
+/* ---- table.c ---- */
 const char *ncfsm__call_fn(ncfsm_call_t c);
+/* Fire event ev on c: the first row of (state, ev) whose guard holds gives
+ * the next state and the action. No such row: an engine defect (assert in
+ * debug builds; INVALID, i.e. ERROR with a message, in release builds). */
+void ncfsm__fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t result);
+/* Would ev have a row whose guard holds? */
+bool ncfsm__can_fire(const ncfsm_comm *c, ncfsm_event_t ev);
+/* Legality of call on c now, guards included; on REJECT sets the comm's last
+ * error (state, call, rule, what to do) and *why to the result to return. */
+ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why);
+/* R3: a failed call inside the caller's open group is returned again by the
+ * outermost group end. */
+void ncfsm__group_note_error(ncfsm_comm *c, ncfsm_result_t r);
 
-/* loop.c */
+/* ---- guards.c ---- */
+bool ncfsm__guard(const ncfsm_comm *c, ncfsm_guard_t g);
+
+/* ---- actions.c ---- */
+void ncfsm__act(ncfsm_comm *c, ncfsm_action_t a, ncfsm_event_t ev, ncfsm_state_t from);
+
+/* ---- works.c ---- */
+void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status);
+void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st);
+void ncfsm__work_unref(ncfsm_work *w);
+ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop);
+void ncfsm__comm_unref(ncfsm_comm *c);
+void ncfsm__comm_free_all(ncfsm_loop *loop); /* loop close: the quarantine */
+/* Fail every unfinished work of c with (st, status): open group, queued,
+ * launching and in flight. */
+void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
+/* Fail c's works in the open group and its launch queue. */
+void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
+/* Does an unfinished work of this loop name stream? */
+bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream);
+ncfsm__mark *ncfsm__mark_get(ncfsm_comm *c);
+void ncfsm__mark_put(ncfsm_comm *c, ncfsm__mark *m);
+
+/* ---- launcher.c ---- */
+/* Queue batch b (its works and links filled) in each of its comms' queues. */
+void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b);
+/* Launch what can go now, issue inits, finalizes and queued aborts; true
+ * when something was launched. May drop and retake the lock (aborts). */
+bool ncfsm__launch(ncfsm_loop *loop);
+/* The launch of c became final: completion events (act_record_events). */
+void ncfsm__launch_final(ncfsm_comm *c);
+/* Abort c now (its state allows ABORT): drops and retakes the lock around
+ * ncclCommAbort. The caller owns the loop (runner). */
+void ncfsm__comm_abort_now(ncfsm_comm *c);
+
+/* ---- ranges.c ---- */
+ncfsm__spanset *ncfsm__spanset_new(unsigned max_ops);
+void ncfsm__spanset_free(ncfsm__spanset *ss);
+void ncfsm__spanset_reset(ncfsm__spanset *ss);
+/* Would batch b overlap (R12) what this launch already took? If not, its
+ * ranges are taken. */
+bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b);
+void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
+/* R12: the first pair of works in list (linked through bnext) on one comm
+ * whose buffers overlap where one writes; false when none. */
+bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
+
+/* ---- progress.c ---- */
+void ncfsm__progress(ncfsm_loop *loop);
+/* Observe c's completion events now; true when some work completed. */
+bool ncfsm__drain(ncfsm_comm *c);
+
+/* ---- watchdog.c ---- */
+void ncfsm__watchdog(ncfsm_comm *c, uint64_t now);
+/* The comm failed (ev: ASYNC_ERROR or TIMEOUT): ERROR, every unfinished work
+ * fails with cause, the error policy runs. Where the state has no such row
+ * (already failed or closing) only the message is kept. */
+void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int code,
+                      const char *what);
+/* The cause for a backend code, the same whichever call saw it. */
+ncfsm_result_t ncfsm__cause_of(int code);
+
+/* ---- loop.c ---- */
 bool ncfsm__loop_can_drive(ncfsm_loop *loop); /* caller may make backend calls now */
 bool ncfsm__loop_in_turn(const ncfsm_loop *loop); /* this thread is inside a turn or callback of loop */
+/* Own the loop for a blocking backend call made outside a turn (destroy,
+ * abort); another thread's ncfsm_loop_run waits meanwhile. */
+void ncfsm__loop_claim(ncfsm_loop *loop);
+void ncfsm__loop_unclaim(ncfsm_loop *loop);
 void ncfsm__loop_wake(ncfsm_loop *loop);
 /* Without the lock, from any thread: the next turn looks for control work. */
 void ncfsm__loop_kick_async(ncfsm_loop *loop);
 void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress);
 bool ncfsm__loop_pending(ncfsm_loop *loop);      /* anything at all to do */
 bool ncfsm__loop_poll_pending(ncfsm_loop *loop); /* something the poll timer watches */
-void ncfsm__loop_flush_notes(ncfsm_loop *loop); /* called with mu held; drops and retakes it */
-
-#define NCFSM__IS_ERR(rc) ((rc) != NCFSM__NCCL_SUCCESS && (rc) != NCFSM__NCCL_IN_PROGRESS)
-
-/* engine.c (all with loop->mu held) */
-void ncfsm__comm_drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
-void ncfsm__fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t result);
-bool ncfsm__launch(ncfsm_loop *loop); /* true when something was launched */
-void ncfsm__progress(ncfsm_loop *loop);
-void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status);
-void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st);
-void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int code,
-                      const char *what);
-void ncfsm__comm_do_abort(ncfsm_comm *c);
-void ncfsm__batch_append(ncfsm_loop *loop, ncfsm__batch *b);
-void ncfsm__work_unref(ncfsm_work *w);
-void ncfsm__comm_unref(ncfsm_comm *c);
-void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* R12: the first pair of works in [a] (linked through bnext) on one comm
- * whose buffers overlap where one writes; false when none. */
-ncfsm__spanset *ncfsm__spanset_new(unsigned max_ops);
-void ncfsm__spanset_free(ncfsm__spanset *ss);
-void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
-bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
+void ncfsm__loop_flush_notes(ncfsm_loop *loop); /* drops and retakes the lock */
+/* The calling thread's last error for loop-level calls on loop. */
+void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

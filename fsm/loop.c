@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -29,6 +30,19 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
   if (o->coalesce_max == 0) o->coalesce_max = 1;
 }
 
+/* Loop-level errors are per thread (ncfsm_loop_last_error). */
+static _Thread_local const ncfsm_loop *tls_err_loop;
+static _Thread_local char tls_err[512];
+
+void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tls_err, sizeof tls_err, fmt, ap);
+  va_end(ap);
+  tls_err_loop = loop;
+  NCFSM_INFO(NCFSM__SUB_FSM, "%s", tls_err);
+}
+
 /* The loop whose turn (or callback) this thread is inside, if any. */
 static _Thread_local ncfsm_loop *tls_in_turn;
 
@@ -42,6 +56,17 @@ static void clear_runner(ncfsm_loop *loop) { loop->running--; }
 
 bool ncfsm__loop_can_drive(ncfsm_loop *loop) {
   return loop->running == 0 || pthread_equal(loop->runner, pthread_self());
+}
+
+void ncfsm__loop_claim(ncfsm_loop *loop) {
+  set_runner(loop);
+  loop->claimed++;
+}
+
+void ncfsm__loop_unclaim(ncfsm_loop *loop) {
+  loop->claimed--;
+  clear_runner(loop);
+  pthread_cond_broadcast(&loop->cv);
 }
 
 /* Wake the thread that runs the loop. A loop with its own base that nobody
@@ -146,11 +171,11 @@ static void turn(ncfsm_loop *loop, bool poll) {
   ncfsm__progress(loop);
   if (ncfsm__launch(loop)) {
     ncfsm__progress(loop); /* fast ops may be done already */
-    if (loop->bq_head) loop->kick = true; /* the next batch may go at once */
+    if (loop->nqueued) loop->kick = true; /* the next batch may go at once */
   }
   ncfsm__loop_flush_notes(loop);
   /* A callback may have submitted work: launch it in this turn. */
-  if (loop->bq_head) {
+  if (loop->nqueued) {
     ncfsm__launch(loop);
     ncfsm__loop_flush_notes(loop);
   }
@@ -259,16 +284,10 @@ struct event_base *ncfsm_loop_base(ncfsm_loop *loop) {
  * final, works in flight, an abort to issue. */
 bool ncfsm__loop_poll_pending(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
-    switch (c->state) {
-      case NCFSM_STATE_INIT_IN_PROGRESS:
-      case NCFSM_STATE_LAUNCH_IN_PROGRESS:
-      case NCFSM_STATE_FINALIZING:
-      case NCFSM_STATE_REVOKING:
-        return true;
-      default:
-        break;
-    }
-    if (c->launching || c->abort_pending) return true;
+    unsigned f = ncfsm_state_flags(c->state);
+    if ((f & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE)) || c->state == NCFSM_STATE_DRAINING ||
+        c->state == NCFSM_STATE_ABORT_QUEUED || c->launching)
+      return true;
     for (int i = 0; i < c->nsq; i++)
       if (c->sq[i].head) return true;
   }
@@ -276,7 +295,7 @@ bool ncfsm__loop_poll_pending(ncfsm_loop *loop) {
 }
 
 bool ncfsm__loop_pending(ncfsm_loop *loop) {
-  if (loop->kick || loop->poll_now || (loop->bq_head && loop->group_depth == 0) || loop->notify_head ||
+  if (loop->kick || loop->poll_now || (loop->nqueued && loop->group_depth == 0) || loop->notify_head ||
       loop->snote_head || loop->calls_head)
     return true;
   return ncfsm__loop_poll_pending(loop);
@@ -285,17 +304,16 @@ bool ncfsm__loop_pending(ncfsm_loop *loop) {
 ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
   if (tls_in_turn == loop) {
-    pthread_mutex_lock(&loop->mu);
-    snprintf(loop->last_error, sizeof loop->last_error,
-             "ncfsm_loop_run: called from inside one of this loop's callbacks (a work or state "
-             "callback may not run or wait on its own loop; submit and return instead)");
-    pthread_mutex_unlock(&loop->mu);
+    ncfsm__loop_error(loop, "ncfsm_loop_run: called from inside one of this loop's callbacks (a work or "
+                            "state callback may not run or wait on its own loop; submit and return instead)");
     return NCFSM_ERR_INVALID_USAGE;
   }
   pthread_mutex_lock(&loop->mu);
+  /* A destroy or abort outside a turn owns the loop for its blocking call. */
+  while (loop->claimed && !pthread_equal(loop->runner, pthread_self()))
+    pthread_cond_wait(&loop->cv, &loop->mu);
   if (loop->running && !pthread_equal(loop->runner, pthread_self())) {
-    snprintf(loop->last_error, sizeof loop->last_error,
-             "ncfsm_loop_run: the loop is already run by another thread; wait on works instead");
+    ncfsm__loop_error(loop, "ncfsm_loop_run: the loop is already run by another thread; wait on works instead");
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_WRONG_THREAD;
   }
@@ -344,10 +362,9 @@ ncfsm_result_t ncfsm_loop_start_thread(ncfsm_loop *loop) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&loop->mu);
   if (loop->thread_started || !loop->own_base) {
-    snprintf(loop->last_error, sizeof loop->last_error,
-             "ncfsm_loop_start_thread: %s", loop->thread_started
-                                                ? "a loop thread is already running"
-                                                : "an embedded loop is run by its application");
+    ncfsm__loop_error(loop, "ncfsm_loop_start_thread: %s",
+                      loop->thread_started ? "a loop thread is already running"
+                                           : "an embedded loop is run by its application");
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_INVALID_USAGE;
   }
@@ -400,36 +417,40 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) 
 
 ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (tls_in_turn == loop) { /* the loop is in use below this callback */
+    ncfsm__loop_error(loop, "ncfsm_loop_close: called from inside one of this loop's callbacks "
+                            "(ncfsm_loop_call, a work or state callback); close it after ncfsm_loop_run "
+                            "returns, from outside the loop");
+    return NCFSM_ERR_INVALID_USAGE;
+  }
   pthread_mutex_lock(&loop->mu);
   int open = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
     if (!c->released) open++;
-  if (open || loop->thread_started || loop->group_depth) {
-    snprintf(loop->last_error, sizeof loop->last_error,
-             "ncfsm_loop_close: %d communicator(s) not released%s%s; abort/destroy and "
-             "ncfsm_comm_release them first",
-             open, loop->thread_started ? ", loop thread still running" : "",
-             loop->group_depth ? ", a group is open" : "");
+  if (open || loop->thread_started || loop->group_depth || loop->running) {
+    ncfsm__loop_error(loop, "ncfsm_loop_close: %d communicator(s) not released%s%s%s; abort/destroy and "
+                            "ncfsm_comm_release them first",
+                      open, loop->thread_started ? ", loop thread still running" : "",
+                      loop->group_depth ? ", a group is open" : "",
+                      loop->running ? ", another thread is running the loop" : "");
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_BUSY;
   }
   /* Deliver what is left (callbacks of released comms' works). */
   set_runner(loop);
+  ncfsm_loop *outer = tls_in_turn;
+  tls_in_turn = loop;
   ncfsm__progress(loop);
   ncfsm__loop_flush_notes(loop);
+  tls_in_turn = outer;
   clear_runner(loop);
-  if (loop->comms) { /* released but still referenced by user-held works */
-    snprintf(loop->last_error, sizeof loop->last_error,
-             "ncfsm_loop_close: work handles are still held; ncfsm_work_release them first");
+  if (loop->comms || loop->calls_head) { /* released but still referenced by user-held works */
+    ncfsm__loop_error(loop, "ncfsm_loop_close: work handles are still held; ncfsm_work_release them first");
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_BUSY;
   }
   loop->magic = NCFSM__DEAD_MAGIC;
-  while (loop->free_works) {
-    ncfsm_work *w = loop->free_works;
-    loop->free_works = w->next;
-    free(w);
-  }
+  ncfsm__comm_free_all(loop);
   pthread_mutex_unlock(&loop->mu);
   event_free(loop->ev_wake);
   event_free(loop->ev_poll);
@@ -451,5 +472,5 @@ void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg) {
 
 const char *ncfsm_loop_last_error(ncfsm_loop *loop) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return "invalid loop handle";
-  return loop->last_error;
+  return tls_err_loop == loop ? tls_err : "";
 }

@@ -31,13 +31,13 @@ typedef struct ncfsm_work ncfsm_work;
 
 /* ---- states, events, calls: expanded from fsm/comm.def ------------------ */
 typedef enum ncfsm_state {
-#define NCFSM_STATE(name, desc) NCFSM_STATE_##name,
+#define NCFSM_STATE(name, flags, desc) NCFSM_STATE_##name,
 #include "ncfsm/comm.def"
   NCFSM_STATE_COUNT
 } ncfsm_state_t;
 
 typedef enum ncfsm_event {
-#define NCFSM_EVENT(name, desc) NCFSM_EV_##name,
+#define NCFSM_EVENT(name, source, desc) NCFSM_EV_##name,
 #include "ncfsm/comm.def"
   NCFSM_EVENT_COUNT
 } ncfsm_event_t;
@@ -47,6 +47,18 @@ typedef enum ncfsm_call {
 #include "ncfsm/comm.def"
   NCFSM_CALL_COUNT
 } ncfsm_call_t;
+
+typedef enum ncfsm_guard {
+#define NCFSM_GUARD(name, result, cond, hint) NCFSM_GUARD_##name,
+#include "ncfsm/comm.def"
+  NCFSM_GUARD_COUNT
+} ncfsm_guard_t;
+
+typedef enum ncfsm_action {
+#define NCFSM_ACTION(name, desc) NCFSM_ACT_##name,
+#include "ncfsm/comm.def"
+  NCFSM_ACTION_COUNT
+} ncfsm_action_t;
 
 typedef enum ncfsm_work_state {
 #define NCFSM_WORK_STATE(name, desc) NCFSM_WORK_##name,
@@ -64,16 +76,43 @@ typedef enum ncfsm_decision {
 const char *ncfsm_state_name(ncfsm_state_t s);
 const char *ncfsm_event_name(ncfsm_event_t e);
 const char *ncfsm_call_name(ncfsm_call_t c);
+const char *ncfsm_guard_name(ncfsm_guard_t g);
+const char *ncfsm_action_name(ncfsm_action_t a);
 const char *ncfsm_work_state_name(ncfsm_work_state_t s);
 const char *ncfsm_decision_name(ncfsm_decision_t d);
+/* NCFSM_SF_* attributes of a state (fsm/comm.def): POLL (an NCCL call is in
+ * progress and polled), DEADLINE (the watchdog's phase deadline runs), WORKS
+ * (works may be in flight), LAUNCH (queued ops may launch). */
+unsigned ncfsm_state_flags(ncfsm_state_t s);
+/* 1 when the event is caused by a user's call (NCFSM_EVENT source CALL), 0
+ * when the loop causes it (LOOP). */
+int ncfsm_event_is_call(ncfsm_event_t e);
 /* The table's cell: decision, the NCCL-RULES id it cites and the hint shown
- * to the user when the call is rejected. */
+ * to the user when the call is rejected. The cell's guard (a condition on
+ * the comm, e.g. "no op of this comm in an open group") is in *guard when
+ * guard is non-NULL (NCFSM_GUARD_ANY: none); a call whose guard does not
+ * hold is rejected with the guard's hint. */
 ncfsm_decision_t ncfsm_legality(ncfsm_state_t s, ncfsm_call_t c, const char **rule,
                                 const char **hint);
-/* The transition table: next state for (s, e), or NCFSM_STATE_COUNT when the
- * event is invalid in s. */
+ncfsm_decision_t ncfsm_legality_guard(ncfsm_state_t s, ncfsm_call_t c, ncfsm_guard_t *guard);
+/* The guard's condition and its hint. */
+const char *ncfsm_guard_hint(ncfsm_guard_t g);
+/* One row of the transition table. */
+typedef struct ncfsm_transition_row {
+  ncfsm_guard_t guard;   /* the row applies when this holds (NCFSM_GUARD_ANY: always) */
+  ncfsm_state_t next;
+  ncfsm_action_t action;
+  const char *rule;      /* NCCL-RULES id */
+} ncfsm_transition_row;
+/* The rows of (s, e) in the order the engine tries them; returns how many
+ * there are (0: the event is invalid in s) and copies at most max. */
+int ncfsm_transition_rows(ncfsm_state_t s, ncfsm_event_t e, ncfsm_transition_row *rows, int max);
+/* The next state of (s, e)'s last row (the one without a guard when there
+ * are several), or NCFSM_STATE_COUNT when the event is invalid in s. */
 ncfsm_state_t ncfsm_transition(ncfsm_state_t s, ncfsm_event_t e, const char **action,
                                const char **rule);
+/* 1 when some row of (s, e) leads to next: a trace step (s, e, next) is legal. */
+int ncfsm_transition_allowed(ncfsm_state_t s, ncfsm_event_t e, ncfsm_state_t next);
 
 /* ---- trace -------------------------------------------------------------- */
 typedef enum ncfsm_object_kind { NCFSM_OBJ_COMM, NCFSM_OBJ_WORK, NCFSM_OBJ_LOOP } ncfsm_object_kind_t;
@@ -131,7 +170,9 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg);
 /* NCFSM_ERR_BUSY while communicators are not released. */
 ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop);
 void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg);
-/* Last error of loop-level calls (groups) made by the calling thread. */
+/* Last error of loop-level calls (groups, run, close, call) that the calling
+ * thread made on this loop: kept per thread, so another thread's failure
+ * never overwrites it; "" when this thread has none for this loop. */
 const char *ncfsm_loop_last_error(ncfsm_loop *loop);
 
 /* ---- groups (R3) --------------------------------------------------------- */
@@ -176,6 +217,9 @@ typedef struct ncfsm_sim_opts {
 
 void ncfsm_sim_opts_init(ncfsm_sim_opts *o); /* defaults, then NCFSM_SIM_* environment */
 
+/* The watchdog's default deadline (10 minutes, PyTorch's default too). */
+#define NCFSM_DEFAULT_TIMEOUT_MS 600000u
+
 typedef void (*ncfsm_state_cb)(ncfsm_comm *comm, ncfsm_state_t from, ncfsm_state_t to,
                                ncfsm_event_t ev, void *arg);
 
@@ -183,7 +227,8 @@ typedef struct ncfsm_comm_opts {
   ncfsm_backend_kind_t backend;
   int blocking;                 /* 0: nonblocking NCCL communicator (default) */
   int device;                   /* CUDA device (sim: a label checked against streams) */
-  uint64_t timeout_ms;          /* watchdog per work and per *_IN_PROGRESS phase; 0 = off */
+  uint64_t timeout_ms;          /* watchdog per work and per phase (states with NCFSM_SF_DEADLINE);
+                                   default NCFSM_DEFAULT_TIMEOUT_MS or NCFSM_TIMEOUT_MS; 0 = off */
   ncfsm_error_policy_t on_error;
   ncfsm_state_cb on_state;      /* called on the loop thread after each transition */
   void *on_state_arg;
@@ -221,16 +266,24 @@ ncfsm_state_t ncfsm_comm_state(const ncfsm_comm *comm);
 int ncfsm_comm_rank(const ncfsm_comm *comm);
 int ncfsm_comm_size(const ncfsm_comm *comm);
 int ncfsm_comm_device(const ncfsm_comm *comm);
-/* The cause of the last failed call on this comm (state, call, what to do). */
+/* The cause of the last failed call on this comm (state, call, what to do),
+ * copied under the loop's lock into a buffer of the calling thread: valid
+ * until this thread's next ncfsm_comm_last_error or ncfsm_comm_failure. */
 const char *ncfsm_comm_last_error(const ncfsm_comm *comm);
+/* Why the comm left its healthy life (the message of the error, timeout or
+ * abort that moved it to ERROR, REVOKING or CLOSING), kept even when later
+ * calls fail; "" when it never failed. Same buffer rules as last_error. */
+const char *ncfsm_comm_failure(const ncfsm_comm *comm);
 /* The backend's async error code and last error text, when in ERROR. */
 int ncfsm_comm_backend_error(const ncfsm_comm *comm);
 /* Next sequence number and the rolling hash of all fingerprints so far. */
 uint64_t ncfsm_comm_seq(const ncfsm_comm *comm);
 uint64_t ncfsm_comm_hash(const ncfsm_comm *comm);
 /* Blocking: run the loop until the comm is in state s (OK), in a state from
- * which s cannot be reached (ERR_ILLEGAL_STATE), or timeout_ms passed
- * (ERR_TIMEOUT; 0 = no limit). */
+ * which s cannot be reached (ERR_ILLEGAL_STATE; the last error names the
+ * state, the cause of a failure and the calls that could move it on), or
+ * timeout_ms passed (ERR_AGAIN: the wait's own limit, nothing failed;
+ * 0 = no limit). A watchdog timeout of the comm is a failure (ERROR). */
 ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *comm, ncfsm_state_t s, uint64_t timeout_ms);
 
 ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *comm);
@@ -244,6 +297,9 @@ ncfsm_result_t ncfsm_comm_release(ncfsm_comm *comm);
 
 /* A stream for this comm's backend and device (sim: a FIFO model of a CUDA stream). */
 ncfsm_result_t ncfsm_stream_create(ncfsm_comm *comm, void **stream);
+/* NCFSM_ERR_BUSY (nothing destroyed) while a work of this loop that is not
+ * finished names the stream: a submitted op is on its stream only once it
+ * launched, so the stream must outlive it. */
 ncfsm_result_t ncfsm_stream_destroy(ncfsm_comm *comm, void *stream);
 
 /* Buffers for this comm's backend and device: device memory for nccl, host
@@ -304,10 +360,16 @@ ncfsm_comm *ncfsm_work_comm(const ncfsm_work *w);
 /* Nonzero once the work reached IN_FLIGHT or later: from then on its NCCL
  * kernels are on the stream, and dependent stream work may be queued (R2). */
 int ncfsm_work_launched(const ncfsm_work *w);
-/* Blocking: run the loop until the work is final or timeout_ms passed
- * (ERR_TIMEOUT; the work goes on). Returns the work's final status. */
+/* Blocking: run the loop until the work is final and returns its final
+ * status (NCFSM_ERR_TIMEOUT only when the watchdog timed the work out), or
+ * NCFSM_ERR_AGAIN when timeout_ms (0 = no limit) passed first: the work
+ * goes on. */
 ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms);
-void ncfsm_work_release(ncfsm_work *w);
+/* Drop the caller's reference. A second release of the same handle is
+ * detected (NCFSM_ERR_INVALID_USAGE) and changes nothing, as long as the
+ * loop has not reused the memory: freed works wait in a FIFO of at least 64
+ * before reuse. */
+ncfsm_result_t ncfsm_work_release(ncfsm_work *w);
 
 /* Where a work's time went. Host times are CLOCK_MONOTONIC ns, 0 when not
  * reached: submit (the ncfsm call), launch (the NCCL group end was called),

@@ -406,13 +406,16 @@ static void v_valid_op_after_group_error(void) {
 static void v_nonblocking_init_poll(int i0, uint64_t t_call) {
   const int v = V_NONBLOCKING_INIT_POLL;
   for (int s = 0; s < J.nlocal; s++) {
-    int a = seen(J.comm[s], i0, NCFSM_EV_INIT), b = a < 0 ? -1 : seen(J.comm[s], a, NCFSM_EV_INIT_DONE);
+    int q = seen(J.comm[s], i0, NCFSM_EV_INIT);
+    int a = q < 0 ? -1 : seen(J.comm[s], q, NCFSM_EV_INIT_ISSUED);
+    int b = a < 0 ? -1 : seen(J.comm[s], a, NCFSM_EV_INIT_DONE);
+    EXPECT(v, s, q >= 0 && tlog[q].next == NCFSM_STATE_INIT_QUEUED, "INIT_QUEUED not observed");
     EXPECT(v, s, a >= 0 && tlog[a].next == NCFSM_STATE_INIT_IN_PROGRESS, "INIT_IN_PROGRESS not observed");
     EXPECT(v, s, b >= 0 && tlog[b].next == NCFSM_STATE_READY, "READY not reached from INIT_IN_PROGRESS");
     EXPECT(v, s, ncfsm_comm_state(J.comm[s]) == NCFSM_STATE_READY, "state %s",
            ncfsm_state_name(ncfsm_comm_state(J.comm[s])));
     if (a >= 0 && b >= 0)
-      note(v, s, "NEW->INIT_IN_PROGRESS->READY; %.3f ms in progress (%.3f ms from the init call)%s",
+      note(v, s, "NEW->INIT_QUEUED->INIT_IN_PROGRESS->READY; %.3f ms in progress (%.3f ms from the init call)%s",
            (double)(tlog[b].t - tlog[a].t) / 1e6, (double)(tlog[b].t - t_call) / 1e6,
            J.mpi ? "; includes the unique-id exchange" : "");
     ncfsm_sim_stats st;
@@ -466,11 +469,13 @@ static void v_nonblocking_finalize_poll(void) {
   for (int s = 0; s < J.nlocal; s++) {
     EXPECT(v, s, rf[s] == NCFSM_OK && rw[s] == NCFSM_OK, "finalize %s, wait FINALIZED %s (%s)",
            ncfsm_err_name(rf[s]), ncfsm_err_name(rw[s]), ncfsm_comm_last_error(J.comm[s]));
-    int a = seen(J.comm[s], i0, NCFSM_EV_FINALIZE), b = seen(J.comm[s], i0, NCFSM_EV_FINALIZE_DONE);
-    EXPECT(v, s, a >= 0 && tlog[a].next == NCFSM_STATE_FINALIZING, "FINALIZING not observed");
+    int d = seen(J.comm[s], i0, NCFSM_EV_FINALIZE);
+    int a = seen(J.comm[s], i0, NCFSM_EV_FINALIZE_ISSUED), b = seen(J.comm[s], i0, NCFSM_EV_FINALIZE_DONE);
+    EXPECT(v, s, d >= 0 && tlog[d].next == NCFSM_STATE_DRAINING, "DRAINING not observed");
+    EXPECT(v, s, a > d && tlog[a].next == NCFSM_STATE_FINALIZING, "FINALIZING not observed");
     EXPECT(v, s, b > a && tlog[b].next == NCFSM_STATE_FINALIZED, "FINALIZED not reached from FINALIZING");
     if (a >= 0 && b > a)
-      note(v, s, "READY->FINALIZING->FINALIZED; %.3f ms in progress", (double)(tlog[b].t - tlog[a].t) / 1e6);
+      note(v, s, "READY->DRAINING->FINALIZING->FINALIZED; %.3f ms in progress", (double)(tlog[b].t - tlog[a].t) / 1e6);
     ncfsm_sim_stats st;
     if (ncfsm_sim_get_stats(J.comm[s], &st) == NCFSM_OK)
       note(v, s, "%" PRIu64 " finalize call(s) reached the sim", st.finalizes);

@@ -83,8 +83,8 @@ static void test_lifecycle_trace(void **state) {
   for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_destroy(c[r]), NCFSM_OK);
   char path[1024];
   comm_path(&t, c[0], path, sizeof path);
-  assert_string_equal(path, "NEW>INIT_IN_PROGRESS>READY>GROUP_OPEN>READY>LAUNCH_IN_PROGRESS>READY>"
-                            "FINALIZING>FINALIZED>CLOSED");
+  assert_string_equal(path, "NEW>INIT_QUEUED>INIT_IN_PROGRESS>READY>GROUP_OPEN>READY>LAUNCH_IN_PROGRESS>"
+                            "READY>DRAINING>FINALIZING>FINALIZED>CLOSING>CLOSED");
   /* Work lifecycle: QUEUED > LAUNCHING > IN_FLIGHT > COMPLETED. */
   char wp[256] = "";
   for (int i = 0; i < t.n; i++)
@@ -245,7 +245,7 @@ static void test_async_error_abort(void **state) {
   assert_true(failed >= 4); /* ops 2..5 never complete */
   char path[512];
   comm_path(&t, c[0], path, sizeof path);
-  assert_non_null(strstr(path, ">ERROR>CLOSED"));
+  assert_non_null(strstr(path, ">ERROR>ABORT_QUEUED>CLOSING>CLOSED"));
   assert_int_equal(ncfsm_comm_backend_error(c[0]), 6); /* ncclRemoteError */
   assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "R10"));
   teardown_all(loop, c, 1);

@@ -2,8 +2,13 @@
  * Walks EVERY (state, API call) cell of the legality table in fsm/comm.def on
  * the sim: puts a fresh communicator in the state, makes the call with valid
  * arguments, and checks the decision (return code) and whether the backend
- * was reached (engine-side count of backend calls for that comm).
+ * was reached (engine-side count of backend calls for that comm). CLOSING
+ * lasts only while ncclCommDestroy/Abort runs on the loop thread; its cells
+ * are reached from a second thread while the sim's destroy is held
+ * (NCFSM_SIM_HOLD hook below) where the sim offers that, else checked on the
+ * table. A second test makes every guard fail once.
  */
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,26 +18,42 @@
 static int32_t sbuf[16], rbuf[16];
 static int32_t setup_s[16], setup_r[16]; /* ops made while entering a state: no R12 overlap */
 
-/* Put c[0] (rank 0 of a clique of 1, or of 2 for INIT_IN_PROGRESS) in state s. */
-static void enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *n) {
+/* Put c[0] (rank 0 of a clique of 1, or of 2 for INIT_IN_PROGRESS) in state s.
+ * Returns false for a state the sim cannot hold still from outside (CLOSING). */
+static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *n) {
   ncfsm_sim_opts so;
   ncfsm_comm_opts o;
   test_sim_opts(&so);
   test_comm_opts(&o, &so);
   o.on_error = NCFSM_ON_ERROR_STAY;
   *n = 1;
+  ncfsm_unique_id id;
   switch (s) {
+    case NCFSM_STATE_CLOSING:
+      return false;
     case NCFSM_STATE_NEW:
       assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
-      return;
+      return true;
+    case NCFSM_STATE_INIT_QUEUED: /* accepted; the loop has not turned yet */
+      assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
+      assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
+      assert_int_equal(ncfsm_comm_init(c[0], 1, 0, &id), NCFSM_OK);
+      assert_int_equal(ncfsm_comm_state(c[0]), s);
+      return true;
     case NCFSM_STATE_INIT_IN_PROGRESS: /* rank 1 never arrives (R1) */
       *n = 2;
       make_comms(loop, 2, &o, c, 1);
       run_turns(loop, 3);
       assert_int_equal(ncfsm_comm_state(c[0]), s);
-      return;
-    case NCFSM_STATE_LAUNCH_IN_PROGRESS: so.launch_polls = NEVER; break;
+      return true;
+    case NCFSM_STATE_LAUNCH_IN_PROGRESS:
+    case NCFSM_STATE_DRAIN_LAUNCH_IN_PROGRESS: so.launch_polls = NEVER; break;
     case NCFSM_STATE_ERROR: so.async_error_at_op = 0; break;
+    case NCFSM_STATE_ABORT_QUEUED: /* the group end itself reports the error */
+      so.async_error_at_op = 0;
+      so.group_end_inprogress = 0;
+      o.on_error = NCFSM_ON_ERROR_ABORT;
+      break;
     case NCFSM_STATE_FINALIZING: so.finalize_polls = NEVER; break;
     case NCFSM_STATE_REVOKING: so.revoke_polls = NEVER; break;
     default: break;
@@ -49,6 +70,18 @@ static void enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
     case NCFSM_STATE_ERROR:
       assert_int_equal(ncfsm_allreduce(c[0], setup_s, setup_r, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
       run_until_state(loop, c[0], s);
+      break;
+    case NCFSM_STATE_DRAIN_LAUNCH_IN_PROGRESS:
+      assert_int_equal(ncfsm_allreduce(c[0], setup_s, setup_r, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+      run_until_state(loop, c[0], NCFSM_STATE_LAUNCH_IN_PROGRESS);
+      assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_OK);
+      break;
+    case NCFSM_STATE_DRAINING: /* finalize accepted; the loop has not turned yet */
+      assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_OK);
+      break;
+    case NCFSM_STATE_ABORT_QUEUED: /* one turn: the launch fails after this turn's aborts */
+      assert_int_equal(ncfsm_allreduce(c[0], setup_s, setup_r, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+      assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT), NCFSM_OK);
       break;
     case NCFSM_STATE_FINALIZING:
       assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_OK);
@@ -72,7 +105,9 @@ static void enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
     default:
       fail_msg("no recipe for state %s", ncfsm_state_name(s));
   }
-  assert_int_equal(ncfsm_comm_state(c[0]), s);
+  if (ncfsm_comm_state(c[0]) != s)
+    fail_msg("recipe for %s ended in %s", ncfsm_state_name(s), ncfsm_state_name(ncfsm_comm_state(c[0])));
+  return true;
 }
 
 static ncfsm_result_t make_call(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_call_t call) {
@@ -103,32 +138,49 @@ static ncfsm_result_t make_call(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_call_t ca
   return NCFSM_ERR_INVALID_ARGUMENT;
 }
 
+/* States whose own pending work makes the loop call the backend on the next
+ * turns (the init, the finalize, the queued abort): there a cell's effect on
+ * the backend is judged right after the call, before any turn. */
+static bool turns_call_backend(ncfsm_state_t s) {
+  return s == NCFSM_STATE_INIT_QUEUED || s == NCFSM_STATE_DRAINING || s == NCFSM_STATE_ABORT_QUEUED;
+}
+
 static void test_every_cell(void **state) {
   (void)state;
-  int cells = 0, allowed = 0, deferred = 0, rejected = 0;
+  int cells = 0, allowed = 0, deferred = 0, rejected = 0, table_only = 0;
   for (int s = 0; s < NCFSM_STATE_COUNT; s++) {
     for (int k = 0; k < NCFSM_CALL_COUNT; k++) {
+      const char *rule, *hint;
+      ncfsm_decision_t d = ncfsm_legality((ncfsm_state_t)s, (ncfsm_call_t)k, &rule, &hint);
+      char where[160];
+      snprintf(where, sizeof where, "cell (%s, %s) decision %s", ncfsm_state_name(s),
+               ncfsm_call_name(k), ncfsm_decision_name(d));
+      if (!hint || !*hint || !rule) fail_msg("%s: no hint", where);
       ncfsm_loop *loop;
       assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
       ncfsm_comm *c[2] = {NULL, NULL};
       int n;
-      enter_state(loop, (ncfsm_state_t)s, c, &n);
-      const char *rule, *hint;
-      ncfsm_decision_t d = ncfsm_legality((ncfsm_state_t)s, (ncfsm_call_t)k, &rule, &hint);
+      if (!enter_state(loop, (ncfsm_state_t)s, c, &n)) {
+        /* CLOSING: every call is refused; the hint says to wait for CLOSED. */
+        if (d != NCFSM_REJECT) fail_msg("%s: a call is accepted while closing", where);
+        table_only++;
+        rejected++;
+        cells++;
+        assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+        continue;
+      }
       uint64_t before = backend_calls(c[0]);
       ncfsm_result_t rc = make_call(loop, c[0], (ncfsm_call_t)k);
       bool released = k == NCFSM_CALL_RELEASE && rc == NCFSM_OK;
-      char where[160];
-      snprintf(where, sizeof where, "cell (%s, %s) decision %s", ncfsm_state_name(s),
-               ncfsm_call_name(k), ncfsm_decision_name(d));
       if (d == NCFSM_REJECT) {
         if (rc != NCFSM_ERR_ILLEGAL_STATE)
           fail_msg("%s: got %s, want NCFSM_ERR_ILLEGAL_STATE", where, ncfsm_err_name(rc));
-        /* The error names the state and the call. */
+        /* The error names the state and the call, and says what to do. */
         const char *err = ncfsm_comm_last_error(c[0]);
-        if (!strstr(err, ncfsm_state_name(s)) || !strstr(err, "ncfsm_"))
-          fail_msg("%s: last error does not name state and call: %s", where, err);
+        if (!strstr(err, ncfsm_state_name(s)) || !strstr(err, "ncfsm_") || !strstr(err, hint))
+          fail_msg("%s: last error does not name state, call and hint: %s", where, err);
         if (ncfsm_comm_state(c[0]) != (ncfsm_state_t)s) fail_msg("%s: state changed", where);
+        if (backend_calls(c[0]) != before) fail_msg("%s: a rejected call reached the backend", where);
         rejected++;
       } else if (rc != NCFSM_OK) {
         fail_msg("%s: got %s (%s)", where, ncfsm_err_name(rc), ncfsm_comm_last_error(c[0]));
@@ -137,49 +189,131 @@ static void test_every_cell(void **state) {
       }
       if (released) {
         c[0] = NULL;
-      } else {
+      } else if (d != NCFSM_REJECT) {
+        uint64_t now = backend_calls(c[0]);
+        if (d == NCFSM_DEFER && now != before) fail_msg("%s: a deferred call reached the backend", where);
         if (ncfsm_group_depth(loop) > 0) ncfsm_group_end(loop);
         run_turns(loop, 5);
         uint64_t after = backend_calls(c[0]);
-        /* ALLOW reaches the backend, except where no backend comm exists (abort in NEW). */
-        bool expect = d == NCFSM_ALLOW && !(s == NCFSM_STATE_NEW && k == NCFSM_CALL_ABORT);
+        /* ALLOW reaches the backend, except where no backend comm exists (abort
+         * before init was issued). */
+        bool no_bcomm = s == NCFSM_STATE_NEW || s == NCFSM_STATE_INIT_QUEUED;
+        bool expect = d == NCFSM_ALLOW && !(no_bcomm && k == NCFSM_CALL_ABORT);
         if (expect && after == before) fail_msg("%s: backend was not reached", where);
-        if (!expect && after != before)
+        if (!expect && !turns_call_backend((ncfsm_state_t)s) && after != before)
           fail_msg("%s: backend was reached %llu time(s)", where, (unsigned long long)(after - before));
       }
       cells++;
+      if (ncfsm_group_depth(loop) > 0) ncfsm_group_end(loop);
       teardown_all(loop, c, n);
     }
   }
-  printf("legality: %d cells covered (%d states x %d calls): %d allow, %d defer, %d reject\n", cells,
-         NCFSM_STATE_COUNT, NCFSM_CALL_COUNT, allowed, deferred, rejected);
+  printf("legality: %d cells covered (%d states x %d calls): %d allow, %d defer, %d reject; %d on "
+         "the table only (CLOSING)\n",
+         cells, NCFSM_STATE_COUNT, NCFSM_CALL_COUNT, allowed, deferred, rejected, table_only);
   assert_int_equal(cells, NCFSM_STATE_COUNT * NCFSM_CALL_COUNT);
 }
 
-/* Every transition in the table leads to a state, and every state but NEW
- * is reachable from NEW; CLOSED is reachable from every state (abort). */
+static int32_t gbuf[4][16];
+
+/* Every guard of a legality cell, made to fail once: the call is rejected
+ * with the guard's result and hint, and nothing changes. */
+static void test_guards_fail(void **state) {
+  (void)state;
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = ready_comms(2, c);
+  /* NO_GROUP_OPS: finalize while ops of the comm wait in an open group (R3). */
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ncfsm_allreduce(c[r], gbuf[r], gbuf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_GROUP_OPEN);
+  assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "ncfsm_group_end"));
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_ERR_ILLEGAL_STATE); /* R3: the group failed */
+  run_turns(loop, 5);
+  /* IDLE: destroy while a work is in flight (its peer never joins). */
+  assert_int_equal(ncfsm_allreduce(c[0], gbuf[2], gbuf[2], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  run_turns(loop, 5);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_READY);
+  assert_int_equal(ncfsm_comm_destroy(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "IDLE"));
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "ncfsm_comm_abort"));
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_READY);
+  /* the peer joins: the work completes, and destroy is legal again */
+  assert_int_equal(ncfsm_allreduce(c[1], gbuf[3], gbuf[3], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_destroy(c[r]), NCFSM_OK);
+  teardown_all(loop, c, 2);
+}
+
+/* GROUP_THREAD: an op from a thread that did not open the group its comm's
+ * ops wait in (R3, R9) gets NCFSM_ERR_WRONG_THREAD. */
+struct other { ncfsm_comm *c; ncfsm_result_t r; };
+static void *other_thread(void *arg) {
+  struct other *o = arg;
+  o->r = ncfsm_allreduce(o->c, gbuf[1], gbuf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL);
+  return NULL;
+}
+
+static void test_guard_group_thread(void **state) {
+  (void)state;
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = ready_comms(1, c);
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], gbuf[0], gbuf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  struct other o = {c[0], NCFSM_OK};
+  pthread_t th;
+  pthread_create(&th, NULL, other_thread, &o);
+  pthread_join(th, NULL);
+  assert_int_equal(o.r, NCFSM_ERR_WRONG_THREAD);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "GROUP_THREAD"));
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  teardown_all(loop, c, 1);
+}
+
+/* The machine's shape: abort from every live state, R2 in polled states,
+ * every state that can have works in flight or a phase deadline can fail
+ * and time out, guarded rows come before the unguarded one. */
 static void test_table_shape(void **state) {
   (void)state;
   for (int s = 0; s < NCFSM_STATE_COUNT; s++) {
-    if (s == NCFSM_STATE_CLOSED) continue;
-    if (ncfsm_transition((ncfsm_state_t)s, NCFSM_EV_ABORT, NULL, NULL) != NCFSM_STATE_CLOSED)
+    if (s == NCFSM_STATE_CLOSED || s == NCFSM_STATE_CLOSING) continue;
+    if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_ABORT, NCFSM_STATE_CLOSING))
       fail_msg("no ABORT from %s", ncfsm_state_name(s));
     ncfsm_decision_t d = ncfsm_legality((ncfsm_state_t)s, NCFSM_CALL_ABORT, NULL, NULL);
     if (d != NCFSM_ALLOW) fail_msg("abort not allowed in %s (R5)", ncfsm_state_name(s));
   }
-  /* R2: in every *_IN_PROGRESS state no call but abort/revoke reaches NCCL now. */
-  ncfsm_state_t inprog[] = {NCFSM_STATE_INIT_IN_PROGRESS, NCFSM_STATE_LAUNCH_IN_PROGRESS,
-                            NCFSM_STATE_REVOKING};
-  for (size_t i = 0; i < sizeof inprog / sizeof inprog[0]; i++)
-    for (int k = 0; k < NCFSM_CALL_COUNT; k++)
-      if (k != NCFSM_CALL_ABORT && k != NCFSM_CALL_REVOKE &&
-          ncfsm_legality(inprog[i], (ncfsm_call_t)k, NULL, NULL) == NCFSM_ALLOW)
-        fail_msg("R2 violated: %s allowed in %s", ncfsm_call_name(k), ncfsm_state_name(inprog[i]));
+  for (int s = 0; s < NCFSM_STATE_COUNT; s++) {
+    unsigned f = ncfsm_state_flags((ncfsm_state_t)s);
+    if (f & (NCFSM_SF_WORKS | NCFSM_SF_DEADLINE)) {
+      if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_TIMEOUT, NCFSM_STATE_ERROR))
+        fail_msg("%s can have works or a phase but cannot time out", ncfsm_state_name(s));
+      if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_ASYNC_ERROR, NCFSM_STATE_ERROR))
+        fail_msg("%s can have works or a phase but cannot fail", ncfsm_state_name(s));
+    }
+    /* R2: while an NCCL call is in progress no call but abort/revoke reaches NCCL now. */
+    if (f & NCFSM_SF_POLL)
+      for (int k = 0; k < NCFSM_CALL_COUNT; k++)
+        if (k != NCFSM_CALL_ABORT && k != NCFSM_CALL_REVOKE &&
+            ncfsm_legality((ncfsm_state_t)s, (ncfsm_call_t)k, NULL, NULL) == NCFSM_ALLOW)
+          fail_msg("R2 violated: %s allowed in %s", ncfsm_call_name(k), ncfsm_state_name(s));
+    for (int e = 0; e < NCFSM_EVENT_COUNT; e++) {
+      ncfsm_transition_row rows[4];
+      int n = ncfsm_transition_rows((ncfsm_state_t)s, (ncfsm_event_t)e, rows, 4);
+      for (int i = 0; i + 1 < n && i < 4; i++)
+        if (rows[i].guard == NCFSM_GUARD_ANY)
+          fail_msg("(%s, %s): a row after an unguarded row is unreachable", ncfsm_state_name(s),
+                   ncfsm_event_name(e));
+    }
+  }
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_cell),
+      cmocka_unit_test(test_guards_fail),
+      cmocka_unit_test(test_guard_group_thread),
       cmocka_unit_test(test_table_shape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

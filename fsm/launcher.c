@@ -1,0 +1,518 @@
+/*
+ * The launcher: per-comm launch queues, launches, and the control work the
+ * loop issues itself (inits, finalizes, queued aborts). Every backend call
+ * happens on the thread that drives the loop (R9).
+ *
+ * Queues (R13). Each comm has its own FIFO of batches; a batch of a user
+ * group that spans comms sits in the queue of each of them and launches
+ * when it heads all of them. A comm whose launch is in progress holds back
+ * only its own queue: local ranks that drift apart (one thread per rank)
+ * never wait on each other's batches. One backend group (a launch) holds
+ * batches over one and the same set of comms only; ncclGroupEnd over two
+ * comms that the user did not group would tie them together, and NCCL keeps
+ * a comm that is ~1,022 launches ahead of its peer in progress until the
+ * peer catches up (R13): with the peer's next op in the same stuck group,
+ * that is a deadlock.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsm/internal.h"
+#include "ncfsm/bootstrap.h"
+
+#define IS_ERR(rc) NCFSM__IS_ERR(rc)
+
+void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b) {
+  for (int i = 0; i < b->nlinks; i++) {
+    ncfsm__blink *l = &b->links[i];
+    ncfsm_comm *c = l->c;
+    l->b = b;
+    l->next = NULL;
+    if (c->bq_tail) c->bq_tail->next = l;
+    else c->bq_head = l;
+    c->bq_tail = l;
+  }
+  b->nlive = b->nlinks;
+  loop->nqueued++;
+}
+
+static bool launchable(const ncfsm_comm *c) {
+  return c->bcomm && ncfsm__has(c, NCFSM_SF_LAUNCH);
+}
+
+/* b heads the queue of every comm it touches, and each of them can launch. */
+static bool batch_ready(const ncfsm__batch *b) {
+  for (int i = 0; i < b->nlinks; i++) {
+    const ncfsm__blink *l = &b->links[i];
+    if (l->c && (l->c->bq_head != l || !launchable(l->c))) return false;
+  }
+  return true;
+}
+
+/* The comms of b are exactly set[0..n). */
+static bool same_comms(const ncfsm__batch *b, ncfsm_comm *const *set, int n) {
+  if (b->nlive != n) return false;
+  for (int i = 0; i < b->nlinks; i++) {
+    if (!b->links[i].c) continue;
+    int j;
+    for (j = 0; j < n; j++)
+      if (set[j] == b->links[i].c) break;
+    if (j == n) return false;
+  }
+  return true;
+}
+
+/* Pop b (a ready batch) from its comms' queues onto the taken list. */
+static void take_batch(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work **head, ncfsm_work **tail) {
+  for (int i = 0; i < b->nlinks; i++) {
+    ncfsm__blink *l = &b->links[i];
+    ncfsm_comm *c = l->c;
+    if (!c) continue;
+    c->bq_head = l->next;
+    if (!c->bq_head) c->bq_tail = NULL;
+    l->next = NULL;
+    l->c = NULL;
+  }
+  loop->nqueued--;
+  for (ncfsm_work *w = b->head; w; w = w->bnext) w->batch = NULL;
+  if (*tail) (*tail)->bnext = b->head;
+  else *head = b->head;
+  *tail = b->tail;
+  if (b->explicit_group) free(b);
+}
+
+/* After a group end that included c's ops: decide the next state. */
+static void after_launch(ncfsm_comm *c, int rc, const char *what) {
+  int st = NCFSM__NCCL_SUCCESS;
+  if (IS_ERR(rc)) {
+    if (c->bcomm && c->be->get_async_error(c->bcomm, &st) != NCFSM__NCCL_SUCCESS) st = rc;
+    int code = IS_ERR(st) ? st : rc;
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(code), code, what);
+    return;
+  }
+  if (!c->opts.blocking) {
+    int qrc = c->be->get_async_error(c->bcomm, &st);
+    if (qrc != NCFSM__NCCL_SUCCESS) st = qrc;
+  }
+  if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(st), st, what);
+  else if (st == NCFSM__NCCL_IN_PROGRESS) ncfsm__fire(c, NCFSM_EV_LAUNCH_PENDING, NCFSM_OK);
+  else ncfsm__fire(c, NCFSM_EV_LAUNCH_FINAL, NCFSM_OK);
+}
+
+/* opts.timing: one start event per (comm, stream), recorded before the NCCL
+ * calls (always legal: R2 only forbids work after an InProgress end). */
+static void record_starts(ncfsm_work *taken) {
+  struct { ncfsm_comm *c; void *stream; ncfsm__mark *m; } starts[16];
+  int nstarts = 0;
+  for (ncfsm_work *w = taken; w; w = w->bnext) {
+    if (!w->comm->opts.timing) continue;
+    int i;
+    for (i = 0; i < nstarts; i++)
+      if (starts[i].c == w->comm && starts[i].stream == w->op.stream) break;
+    if (i == nstarts) {
+      if (nstarts == 16) continue; /* device_ms stays -1 for the rest */
+      ncfsm__mark *m = ncfsm__mark_get(w->comm);
+      if (!m) continue;
+      if (w->comm->be->event_record(m->event, w->op.stream) != 0) {
+        m->refs = 1;
+        ncfsm__mark_put(w->comm, m);
+        continue;
+      }
+      /* One query now: a model backend (the sim) timestamps events when it
+       * first sees them complete; CUDA ignores it. */
+      w->comm->be->event_query(m->event);
+      starts[nstarts].c = w->comm;
+      starts[nstarts].stream = w->op.stream;
+      starts[nstarts].m = m;
+      nstarts++;
+    }
+    starts[i].m->refs++;
+    w->start_mark = starts[i].m;
+  }
+}
+
+/* One backend group: the taken works, over the comms set[0..n). */
+static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, int n) {
+  const ncfsm__backend *be = set[0]->be;
+  uint64_t now = ncfsm__now_ns();
+  int stack_rc[16], *op_rc = n <= 16 ? stack_rc : calloc((size_t)n, sizeof *op_rc);
+  record_starts(taken);
+  /* Every taken work is LAUNCHING from here: a failure below fails it. */
+  for (ncfsm_work *w = taken, *next; w; w = next) {
+    next = w->bnext;
+    ncfsm_comm *c = w->comm;
+    w->t_launch = now;
+    w->deadline_ns = ncfsm__deadline(now, c->opts.timeout_ms);
+    ncfsm__work_set_state(w, NCFSM_WORK_LAUNCHING);
+    w->next = NULL;
+    if (!c->launching) c->launching = w;
+    else c->launching_tail->next = w;
+    c->launching_tail = w;
+  }
+  if (!op_rc) { /* nothing reached NCCL */
+    for (int i = 0; i < n; i++)
+      ncfsm__comm_fail(set[i], NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NCFSM__NCCL_SYSTEM_ERROR,
+                       "launch (out of memory)");
+    return;
+  }
+  for (int i = 0; i < n; i++) op_rc[i] = NCFSM__NCCL_SUCCESS;
+  int grc = be->group_start();
+  if (IS_ERR(grc)) {
+    for (int i = 0; i < n; i++)
+      ncfsm__comm_fail(set[i], NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(grc), grc, "ncclGroupStart");
+    if (op_rc != stack_rc) free(op_rc);
+    return;
+  }
+  for (ncfsm_work *w = taken, *next; w; w = next) {
+    next = w->bnext;
+    w->bnext = NULL;
+    ncfsm_comm *c = w->comm;
+    int i = 0;
+    while (i < n - 1 && set[i] != c) i++;
+    c->be_calls++;
+    int rc = be->op(c->bcomm, &w->op);
+    if (IS_ERR(rc) && !IS_ERR(op_rc[i])) op_rc[i] = rc;
+  }
+  grc = be->group_end();
+  for (int i = 0; i < n; i++)
+    after_launch(set[i], IS_ERR(op_rc[i]) ? op_rc[i] : grc, "launch");
+  if (op_rc != stack_rc) free(op_rc);
+  loop->poll_iter = 0; /* progress: restart the burst of immediate polls */
+}
+
+/* Launch c's head batch, with the batches behind it over the same comms
+ * (up to coalesce_max ops, split at an R12 dependency). */
+static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
+  ncfsm__batch *b = c->bq_head->b;
+  if (!batch_ready(b)) return false;
+  ncfsm_comm *stack_set[16], **set = stack_set;
+  if (b->nlive > 16 && !(set = malloc((size_t)b->nlive * sizeof *set))) return false;
+  int n = 0;
+  for (int i = 0; i < b->nlinks; i++)
+    if (b->links[i].c) set[n++] = b->links[i].c;
+  ncfsm__spanset_reset(loop->spans);
+  ncfsm__spanset_take(loop->spans, b); /* the first batch always goes */
+  ncfsm_work *head = NULL, *tail = NULL;
+  unsigned ntaken = (unsigned)b->nworks;
+  take_batch(loop, b, &head, &tail);
+  while (c->bq_head && ntaken < loop->opts.coalesce_max) {
+    ncfsm__batch *nb = c->bq_head->b;
+    if (!same_comms(nb, set, n) || !batch_ready(nb) ||
+        ntaken + (unsigned)nb->nworks > loop->opts.coalesce_max ||
+        ncfsm__spanset_take(loop->spans, nb)) /* R12: split at a dependency */
+      break;
+    ntaken += (unsigned)nb->nworks;
+    take_batch(loop, nb, &head, &tail);
+  }
+  launch_taken(loop, head, set, n);
+  if (set != stack_set) free(set);
+  return true;
+}
+
+/* ---- inits ------------------------------------------------------------------------ */
+
+/* Runs in the bootstrap's callback: only flags the loop, without its lock
+ * (a turn may hold the lock while freeing this very request). */
+static void uid_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
+  ncfsm_comm *c = arg;
+  (void)req;
+  (void)status;
+  ncfsm__loop_kick_async(c->loop);
+}
+
+/* The unique id of an init_boot comm: post the exchange on the loop thread
+ * (the bootstrap is single-threaded on its base), then test it. True when
+ * the id is known. */
+static bool uid_known(ncfsm_comm *c) {
+  if (!c->boot && !c->uid_req) return true;
+  ncfsm_loop *loop = c->loop;
+  if (!c->uid_req) {
+    ncfsm_boot_req *req = NULL;
+    ncfsm_result_t br = ncfsm_boot_allgather_post(c->boot, &c->uid, c->uid_buf, NCFSM_UNIQUE_ID_BYTES, &req);
+    if (br != NCFSM_OK) {
+      char what[320];
+      snprintf(what, sizeof what, "the bootstrap refused the unique id exchange: %s",
+               ncfsm_boot_last_error(c->boot));
+      c->boot = NULL;
+      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS, what);
+      return false;
+    }
+    c->uid_req = req;
+    ncfsm_boot_req_on_done(req, uid_done, c);
+  }
+  ncfsm_result_t r = ncfsm_boot_test(c->uid_req);
+  if (r == NCFSM_ERR_AGAIN) {
+    loop->ctl = true;
+    return false;
+  }
+  ncfsm_boot_req_free(c->uid_req);
+  c->uid_req = NULL;
+  c->boot = NULL;
+  if (r != NCFSM_OK) {
+    free(c->uid_buf);
+    c->uid_buf = NULL;
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS,
+                     "unique id exchange through the bootstrap");
+    return false;
+  }
+  memcpy(&c->uid, c->uid_buf, sizeof c->uid); /* rank 0's id */
+  free(c->uid_buf);
+  c->uid_buf = NULL;
+  return true;
+}
+
+static void issue_inits(ncfsm_loop *loop) {
+  /* All inits of a turn in one group, however many ranks (a blocking clique
+   * driven by one thread needs every rank's init in one group). */
+  int n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    n += c->state == NCFSM_STATE_INIT_QUEUED;
+  if (!n) return;
+  ncfsm_comm *stack_inits[16], **inits = n <= 16 ? stack_inits : malloc((size_t)n * sizeof *inits);
+  int stack_rcs[16], *rcs = n <= 16 ? stack_rcs : malloc((size_t)n * sizeof *rcs);
+  if (!inits || !rcs) { /* try again next turn */
+    if (inits != stack_inits) free(inits);
+    if (rcs != stack_rcs) free(rcs);
+    loop->ctl = true;
+    return;
+  }
+  n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (c->state == NCFSM_STATE_INIT_QUEUED && uid_known(c) && c->state == NCFSM_STATE_INIT_QUEUED)
+      inits[n++] = c;
+  /* One group holds one backend and one blocking mode; the others wait for
+   * the next turn. */
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (inits[i]->be == inits[0]->be && inits[i]->opts.blocking == inits[0]->opts.blocking) inits[m++] = inits[i];
+    else loop->ctl = true;
+  }
+  n = m;
+  const ncfsm__backend *be = n ? inits[0]->be : NULL;
+  bool grouped = n > 1;
+  int grc = grouped ? be->group_start() : NCFSM__NCCL_SUCCESS;
+  for (int i = 0; i < n; i++) {
+    ncfsm_comm *c = inits[i];
+    ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
+    ncfsm__fire(c, NCFSM_EV_INIT_ISSUED, NCFSM_OK);
+    if (IS_ERR(grc)) {
+      rcs[i] = grc;
+      continue;
+    }
+    c->be_calls++;
+    rcs[i] = c->be->comm_init(&c->bcomm, c->nranks, &c->uid, c->rank, &cfg);
+  }
+  if (grouped && !IS_ERR(grc)) grc = be->group_end();
+  for (int i = 0; i < n; i++) {
+    ncfsm_comm *c = inits[i];
+    int rc = IS_ERR(rcs[i]) ? rcs[i] : IS_ERR(grc) ? grc : rcs[i];
+    if (IS_ERR(rc) || !c->bcomm) {
+      int code = IS_ERR(rc) ? rc : NCFSM__NCCL_INTERNAL_ERROR;
+      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(code), code, "ncclCommInitRankConfig");
+      continue;
+    }
+    int st = NCFSM__NCCL_SUCCESS;
+    if (!c->opts.blocking) c->be->get_async_error(c->bcomm, &st);
+    if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(st), st, "init");
+    else if (st == NCFSM__NCCL_SUCCESS) ncfsm__fire(c, NCFSM_EV_INIT_DONE, NCFSM_OK);
+  }
+  if (inits != stack_inits) free(inits);
+  if (rcs != stack_rcs) free(rcs);
+}
+
+/* ---- finalize ---------------------------------------------------------------------- */
+
+static void issue_finalize(ncfsm_comm *c) {
+  c->be_calls++;
+  int rc = c->be->finalize(c->bcomm);
+  if (IS_ERR(rc)) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc), rc, "ncclCommFinalize");
+    return;
+  }
+  ncfsm__fire(c, NCFSM_EV_FINALIZE_ISSUED, NCFSM_OK);
+  int st = NCFSM__NCCL_SUCCESS;
+  if (!c->opts.blocking) c->be->get_async_error(c->bcomm, &st);
+  if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(st), st, "finalize");
+  else if (st == NCFSM__NCCL_SUCCESS) ncfsm__fire(c, NCFSM_EV_FINALIZE_DONE, NCFSM_OK);
+}
+
+static void issue_finalizes(ncfsm_loop *loop) {
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    if (c->state != NCFSM_STATE_DRAINING) continue;
+    if (c->bcomm && ncfsm__can_fire(c, NCFSM_EV_FINALIZE_ISSUED)) issue_finalize(c);
+    else loop->ctl = true; /* queued ops launch first; look again next turn */
+  }
+}
+
+/* ---- aborts ------------------------------------------------------------------------- */
+
+/* ncclCommAbort of n comms (their ABORT fired: CLOSING), inside one group
+ * when there are several (R5), with the loop's lock released: an abort
+ * takes hundreds of ms on GPUs, and other threads' calls must not stall. */
+static void abort_backend(ncfsm_loop *loop, ncfsm_comm **cs, int n) {
+  void *stack_b[16], **bc = n <= 16 ? stack_b : malloc((size_t)n * sizeof *bc);
+  const ncfsm__backend *be = NULL;
+  bool one_backend = true;
+  for (int i = 0; i < n; i++) {
+    if (be && be != cs[i]->be) one_backend = false;
+    be = cs[i]->be;
+    cs[i]->refs++;
+    if (cs[i]->bcomm) cs[i]->be_calls++;
+  }
+  bool grouped = n > 1 && one_backend && bc;
+  if (bc)
+    for (int i = 0; i < n; i++) bc[i] = cs[i]->bcomm;
+  ncfsm__loop_claim(loop);
+  pthread_mutex_unlock(&loop->mu);
+  if (grouped) be->group_start();
+  for (int i = 0; i < n; i++) {
+    void *b = bc ? bc[i] : cs[i]->bcomm;
+    if (!b) continue;
+    int rc = cs[i]->be->abort(b);
+    if (rc != NCFSM__NCCL_SUCCESS)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] ncclCommAbort returned %s", cs[i]->name,
+                 ncfsm__nccl_result_name(rc));
+  }
+  if (grouped) be->group_end();
+  pthread_mutex_lock(&loop->mu);
+  ncfsm__loop_unclaim(loop);
+  if (bc != stack_b) free(bc);
+  for (int i = 0; i < n; i++) {
+    ncfsm__fire(cs[i], NCFSM_EV_CLOSE_DONE, NCFSM_OK);
+    ncfsm__comm_unref(cs[i]);
+  }
+}
+
+void ncfsm__comm_abort_now(ncfsm_comm *c) {
+  ncfsm__fire(c, NCFSM_EV_ABORT, NCFSM_OK);
+  abort_backend(c->loop, &c, 1);
+}
+
+static void issue_aborts(ncfsm_loop *loop) {
+  int n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) n += c->state == NCFSM_STATE_ABORT_QUEUED;
+  if (!n) return;
+  ncfsm_comm *stack_cs[16], **cs = n <= 16 ? stack_cs : malloc((size_t)n * sizeof *cs);
+  if (!cs) {
+    loop->ctl = true;
+    return;
+  }
+  n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (c->state == NCFSM_STATE_ABORT_QUEUED) {
+      ncfsm__fire(c, NCFSM_EV_ABORT_ISSUED, NCFSM_OK);
+      cs[n++] = c;
+    }
+  abort_backend(loop, cs, n);
+  if (cs != stack_cs) free(cs);
+}
+
+/* ---- the turn's launch step ------------------------------------------------------------ */
+
+bool ncfsm__launch(ncfsm_loop *loop) {
+  /* Control work (aborts, inits, finalizes) is rare: scan for it only when
+   * something asked for it (loop->ctl), and keep asking while a comm waits. */
+  bool ctl = loop->ctl;
+  loop->ctl = false;
+  if (ctl) {
+    issue_aborts(loop);
+    issue_inits(loop);
+  }
+  bool any = false;
+  if (loop->nqueued)
+    for (ncfsm_comm *c = loop->comms; c; c = c->next)
+      while (c->bq_head && launchable(c) && launch_one(loop, c)) any = true;
+  if (ctl || any) issue_finalizes(loop);
+  return any;
+}
+
+/* An event that was not recorded would read as complete: its works fail
+ * instead (their completion can never be observed). */
+static void fail_marked(ncfsm_comm *c, ncfsm__mark *m) {
+  for (int i = 0; i < c->nsq; i++) {
+    ncfsm__squeue *q = &c->sq[i];
+    ncfsm_work **pp = &q->head, *last = NULL;
+    while (*pp) {
+      ncfsm_work *w = *pp;
+      if (w->mark == m) {
+        *pp = w->next;
+        ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_BACKEND);
+      } else {
+        last = w;
+        pp = &w->next;
+      }
+    }
+    q->tail = last;
+  }
+}
+
+/* act_record_events (R2): the launch is final, so the kernels are on their
+ * streams; only now is a completion event recorded after them. One event
+ * per (launch, stream) is shared by the works of that launch. */
+void ncfsm__launch_final(ncfsm_comm *c) {
+  uint64_t now = ncfsm__now_ns();
+  struct { void *stream; ncfsm__mark *mark; } ms[8];
+  int nms = 0;
+  ncfsm_work *w = c->launching;
+  c->launching = c->launching_tail = NULL;
+  while (w) {
+    ncfsm_work *next = w->next;
+    ncfsm__mark *m = NULL;
+    for (int i = 0; i < nms; i++)
+      if (ms[i].stream == w->op.stream) m = ms[i].mark;
+    if (!m) {
+      if (nms == 8) { /* flush: record the marks taken so far */
+        for (int i = 0; i < nms; i++) c->be->event_record(ms[i].mark->event, ms[i].stream);
+        nms = 0;
+      }
+      m = ncfsm__mark_get(c);
+      if (!m) {
+        ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY);
+        w = next;
+        continue;
+      }
+      ms[nms].stream = w->op.stream;
+      ms[nms].mark = m;
+      nms++;
+    }
+    ncfsm__squeue *q = NULL;
+    for (int i = 0; i < c->nsq && !q; i++)
+      if (c->sq[i].stream == w->op.stream) q = &c->sq[i];
+    if (!q && c->nsq == c->capsq) {
+      int cap = c->capsq ? 2 * c->capsq : 4;
+      ncfsm__squeue *nq = realloc(c->sq, (size_t)cap * sizeof *nq);
+      if (nq) {
+        c->sq = nq;
+        c->capsq = cap;
+      }
+    }
+    if (!q && c->nsq < c->capsq) {
+      c->sq[c->nsq] = (ncfsm__squeue){w->op.stream, NULL, NULL};
+      q = &c->sq[c->nsq++];
+    }
+    if (!q) {
+      ncfsm__work_finish(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY);
+      w = next;
+      continue;
+    }
+    m->refs++;
+    w->mark = m;
+    w->t_final = now;
+    w->next = NULL;
+    if (q->tail) q->tail->next = w;
+    else q->head = w;
+    q->tail = w;
+    ncfsm__work_set_state(w, NCFSM_WORK_IN_FLIGHT);
+    w = next;
+  }
+  for (int i = 0; i < nms; i++) {
+    int rc = c->be->event_record(ms[i].mark->event, ms[i].stream);
+    if (rc != 0) {
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] event record failed (%d)", c->name, rc);
+      fail_marked(c, ms[i].mark);
+    } else if (c->opts.timing) { /* the seed's question: is the work done right after the launch? */
+      ms[i].mark->ready_at_final = c->be->event_query(ms[i].mark->event) == 0;
+    }
+  }
+}
