@@ -40,6 +40,8 @@ static void act_queue_group(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from)
 
 static void act_record_events(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
   ncfsm__launch_final(c);
+  if (c->state == NCFSM_STATE_DRAINING) c->loop->ctl = true; /* finalize may be due */
+  if (c->bq_head) c->loop->kick = true;
 }
 
 static void act_drain_then_finalize(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {

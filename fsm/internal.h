@@ -62,6 +62,7 @@ struct ncfsm__batch {
   ncfsm_work *head, *tail; /* linked through ncfsm_work.bnext */
   int nworks;
   bool explicit_group;     /* allocated by ncfsm_group_end; else embedded in its work */
+  uint64_t order;          /* submission order across the loop's comms */
   int nlinks;              /* entries of links */
   int nlive;               /* links still queued (c != NULL) */
   ncfsm__blink *links;     /* one per comm; &single_link for an ungrouped op */
@@ -171,6 +172,7 @@ struct ncfsm_loop {
   ncfsm_comm *comms;
   int ncomms;
   int nqueued;           /* batches in launch queues (all comms) */
+  uint64_t batch_order;  /* the last batch's order */
   bool ctl;              /* control work may be due: aborts, inits, finalizes */
   _Atomic int async_kick; /* set without the lock (bootstrap callbacks): the next turn looks at ctl */
   /* group (R3) */

@@ -34,6 +34,7 @@ void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b) {
     c->bq_tail = l;
   }
   b->nlive = b->nlinks;
+  b->order = ++loop->batch_order;
   loop->nqueued++;
 }
 
@@ -157,37 +158,58 @@ static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, 
     return;
   }
   for (int i = 0; i < n; i++) op_rc[i] = NCFSM__NCCL_SUCCESS;
-  int grc = be->group_start();
-  if (IS_ERR(grc)) {
+  /* The ops as the backend sees them, copied under the lock. */
+  struct launch_op { void *bcomm; ncfsm__op op; int comm; } stack_ops[64], *ops = stack_ops;
+  int nops = 0;
+  for (ncfsm_work *w = taken; w; w = w->bnext) nops++;
+  if (nops > 64 && !(ops = malloc((size_t)nops * sizeof *ops))) {
     for (int i = 0; i < n; i++)
-      ncfsm__comm_fail(set[i], NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(grc), grc, "ncclGroupStart");
+      ncfsm__comm_fail(set[i], NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NCFSM__NCCL_SYSTEM_ERROR,
+                       "launch (out of memory)");
     if (op_rc != stack_rc) free(op_rc);
     return;
   }
+  nops = 0;
   for (ncfsm_work *w = taken, *next; w; w = next) {
     next = w->bnext;
     w->bnext = NULL;
-    ncfsm_comm *c = w->comm;
     int i = 0;
-    while (i < n - 1 && set[i] != c) i++;
-    c->be_calls++;
-    int rc = be->op(c->bcomm, &w->op);
-    if (IS_ERR(rc) && !IS_ERR(op_rc[i])) op_rc[i] = rc;
+    while (i < n - 1 && set[i] != w->comm) i++;
+    w->comm->be_calls++;
+    ops[nops++] = (struct launch_op){w->comm->bcomm, w->op, i};
   }
-  grc = be->group_end();
+  /* A blocking comm's group end waits for its peers (NCCL, and the sim for
+   * up to NCFSM_SIM_WAIT_MS): never under the loop's lock. This thread still
+   * owns the loop (R9); other threads may queue work meanwhile. */
+  bool unlock = set[0]->opts.blocking;
+  if (unlock) pthread_mutex_unlock(&loop->mu);
+  int grc = be->group_start();
+  if (!IS_ERR(grc)) {
+    for (int k = 0; k < nops; k++) {
+      int rc = be->op(ops[k].bcomm, &ops[k].op);
+      if (IS_ERR(rc) && !IS_ERR(op_rc[ops[k].comm])) op_rc[ops[k].comm] = rc;
+    }
+    grc = be->group_end();
+  }
+  if (unlock) pthread_mutex_lock(&loop->mu);
+  if (ops != stack_ops) free(ops);
   for (int i = 0; i < n; i++)
     after_launch(set[i], IS_ERR(op_rc[i]) ? op_rc[i] : grc, "launch");
   if (op_rc != stack_rc) free(op_rc);
   loop->poll_iter = 0; /* progress: restart the burst of immediate polls */
 }
 
-/* Launch c's head batch, with the batches behind it over the same comms
- * (up to coalesce_max ops, split at an R12 dependency). */
-static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
+/* Launch c's head batch b, with the batches behind it over the same comms
+ * (up to coalesce_max ops, split at an R12 dependency), as long as they were
+ * submitted before every other launchable batch (limit): launches follow
+ * submission order across comms, which matters where comms share a stream. */
+static void launch_one(ncfsm_loop *loop, ncfsm_comm *c, uint64_t limit) {
   ncfsm__batch *b = c->bq_head->b;
-  if (!batch_ready(b)) return false;
   ncfsm_comm *stack_set[16], **set = stack_set;
-  if (b->nlive > 16 && !(set = malloc((size_t)b->nlive * sizeof *set))) return false;
+  if (b->nlive > 16 && !(set = malloc((size_t)b->nlive * sizeof *set))) {
+    loop->kick = true; /* try again next turn */
+    return;
+  }
   int n = 0;
   for (int i = 0; i < b->nlinks; i++)
     if (b->links[i].c) set[n++] = b->links[i].c;
@@ -198,7 +220,7 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
   take_batch(loop, b, &head, &tail);
   while (c->bq_head && ntaken < loop->opts.coalesce_max) {
     ncfsm__batch *nb = c->bq_head->b;
-    if (!same_comms(nb, set, n) || !batch_ready(nb) ||
+    if (nb->order > limit || !same_comms(nb, set, n) || !batch_ready(nb) ||
         ntaken + (unsigned)nb->nworks > loop->opts.coalesce_max ||
         ncfsm__spanset_take(loop->spans, nb)) /* R12: split at a dependency */
       break;
@@ -207,7 +229,25 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
   }
   launch_taken(loop, head, set, n);
   if (set != stack_set) free(set);
-  return true;
+}
+
+/* The comm whose head batch can launch and was submitted first; *limit is
+ * the order of the next such head of another comm (or none: UINT64_MAX). */
+static bool head_ready(const ncfsm_comm *c) {
+  return c->bq_head && launchable(c) && batch_ready(c->bq_head->b);
+}
+
+static ncfsm_comm *next_launch(ncfsm_loop *loop, uint64_t *limit) {
+  ncfsm_comm *best = NULL;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (head_ready(c) && (!best || c->bq_head->b->order < best->bq_head->b->order)) best = c;
+  *limit = UINT64_MAX;
+  if (!best) return NULL;
+  const ncfsm__batch *first = best->bq_head->b;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (c->bq_head && c->bq_head->b != first && c->bq_head->b->order < *limit && head_ready(c))
+      *limit = c->bq_head->b->order;
+  return best;
 }
 
 /* ---- inits ------------------------------------------------------------------------ */
@@ -270,7 +310,7 @@ static void issue_inits(ncfsm_loop *loop) {
     n += c->state == NCFSM_STATE_INIT_QUEUED;
   if (!n) return;
   ncfsm_comm *stack_inits[16], **inits = n <= 16 ? stack_inits : malloc((size_t)n * sizeof *inits);
-  int stack_rcs[16], *rcs = n <= 16 ? stack_rcs : malloc((size_t)n * sizeof *rcs);
+  struct init_res { int rc; void *bcomm; } stack_rcs[16], *rcs = n <= 16 ? stack_rcs : malloc((size_t)n * sizeof *rcs);
   if (!inits || !rcs) { /* try again next turn */
     if (inits != stack_inits) free(inits);
     if (rcs != stack_rcs) free(rcs);
@@ -291,22 +331,32 @@ static void issue_inits(ncfsm_loop *loop) {
   n = m;
   const ncfsm__backend *be = n ? inits[0]->be : NULL;
   bool grouped = n > 1;
+  for (int i = 0; i < n; i++) {
+    inits[i]->be_calls++;
+    inits[i]->refs++;
+    ncfsm__fire(inits[i], NCFSM_EV_INIT_ISSUED, NCFSM_OK);
+  }
+  /* A blocking init waits for every rank: never under the loop's lock. The
+   * comms are INIT_IN_PROGRESS meanwhile, where only abort is legal, and an
+   * abort from another thread runs on this thread, after this. */
+  bool unlock = n && inits[0]->opts.blocking;
+  if (unlock) pthread_mutex_unlock(&loop->mu);
   int grc = grouped ? be->group_start() : NCFSM__NCCL_SUCCESS;
   for (int i = 0; i < n; i++) {
     ncfsm_comm *c = inits[i];
     ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
-    ncfsm__fire(c, NCFSM_EV_INIT_ISSUED, NCFSM_OK);
-    if (IS_ERR(grc)) {
-      rcs[i] = grc;
-      continue;
-    }
-    c->be_calls++;
-    rcs[i] = c->be->comm_init(&c->bcomm, c->nranks, &c->uid, c->rank, &cfg);
+    rcs[i].bcomm = NULL;
+    rcs[i].rc = IS_ERR(grc) ? grc : c->be->comm_init(&rcs[i].bcomm, c->nranks, &c->uid, c->rank, &cfg);
   }
   if (grouped && !IS_ERR(grc)) grc = be->group_end();
+  if (unlock) pthread_mutex_lock(&loop->mu);
+  for (int i = 0; i < n; i++) {
+    inits[i]->refs--; /* the user still holds each: never the last */
+    inits[i]->bcomm = rcs[i].bcomm;
+  }
   for (int i = 0; i < n; i++) {
     ncfsm_comm *c = inits[i];
-    int rc = IS_ERR(rcs[i]) ? rcs[i] : IS_ERR(grc) ? grc : rcs[i];
+    int rc = IS_ERR(rcs[i].rc) ? rcs[i].rc : IS_ERR(grc) ? grc : rcs[i].rc;
     if (IS_ERR(rc) || !c->bcomm) {
       int code = IS_ERR(rc) ? rc : NCFSM__NCCL_INTERNAL_ERROR;
       ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(code), code, "ncclCommInitRankConfig");
@@ -420,9 +470,11 @@ bool ncfsm__launch(ncfsm_loop *loop) {
     issue_inits(loop);
   }
   bool any = false;
-  if (loop->nqueued)
-    for (ncfsm_comm *c = loop->comms; c; c = c->next)
-      while (c->bq_head && launchable(c) && launch_one(loop, c)) any = true;
+  uint64_t limit;
+  for (ncfsm_comm *c; loop->nqueued && (c = next_launch(loop, &limit));) {
+    launch_one(loop, c, limit);
+    any = true;
+  }
   if (ctl || any) issue_finalizes(loop);
   return any;
 }

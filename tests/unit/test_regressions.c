@@ -1,0 +1,402 @@
+/*
+ * Regression tests for the defects of the issue "The state machine, explicit
+ * all the way": each reproduces one report (review, API-sequence fuzzer, GPU
+ * runs) on the sim and checks the fixed behaviour: the engine before the
+ * redesign (commit 5143ee6) did what each test's comment describes.
+ */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "helpers.h"
+
+static int cb_calls[8];
+static ncfsm_result_t cb_st[8];
+static void cb(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  int i = (int)(intptr_t)arg;
+  cb_calls[i]++;
+  cb_st[i] = st;
+}
+static void reset_cbs(void) {
+  memset(cb_calls, 0, sizeof cb_calls);
+  for (int i = 0; i < 8; i++) cb_st[i] = NCFSM_ERR_AGAIN;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static ncfsm_loop *comms_with(int n, ncfsm_comm **c, ncfsm_comm_opts *o) {
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  make_comms(loop, n, o, c, 0);
+  for (int r = 0; r < n; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  return loop;
+}
+
+static int32_t buf[8][16];
+
+/* The fuzzer's worst find: ncfsm_comm_destroy on a comm whose work was in
+ * flight (its peer never joined) returned OK and the work later completed
+ * with NCFSM_OK over garbage. Now destroy is refused (guard IDLE); abort
+ * fails the work, which stays failed when the peer arrives later. */
+static void test_destroy_inflight_never_ok(void **state) {
+  (void)state;
+  reset_cbs();
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = ready_comms(2, c);
+  for (int i = 0; i < 4; i++) buf[0][i] = 7;
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, NULL), NCFSM_OK);
+  run_turns(loop, 5);
+  assert_int_equal(ncfsm_comm_destroy(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_READY);
+  assert_int_equal(cb_calls[0], 0);
+  assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
+  run_turns(loop, 2);
+  assert_int_equal(cb_calls[0], 1);
+  assert_int_equal(cb_st[0], NCFSM_ERR_ABORTED);
+  /* the peer arrives late: nothing changes for rank 0's work */
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)1, NULL), NCFSM_OK);
+  run_turns(loop, 10);
+  assert_int_equal(cb_calls[0], 1);
+  assert_int_equal(cb_st[0], NCFSM_ERR_ABORTED);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_CLOSED);
+  teardown_all(loop, c, 2);
+}
+
+/* Revoke: the dropped work's callback fired with NCFSM_OK. Every work not
+ * seen complete before the revoke fails. */
+static void test_revoke_fails_unobserved(void **state) {
+  (void)state;
+  reset_cbs();
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = ready_comms(2, c);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, NULL), NCFSM_OK);
+  run_turns(loop, 5);
+  assert_int_equal(ncfsm_comm_revoke(c[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)1, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_REVOKED, 5000), NCFSM_OK);
+  run_turns(loop, 5);
+  assert_int_equal(cb_calls[0], 1);
+  assert_int_equal(cb_st[0], NCFSM_ERR_ABORTED);
+  teardown_all(loop, c, 2);
+}
+
+/* Two comms sharing one user stream, watchdog 50 ms, policy STAY: destroy
+ * of the one whose work waits behind the other's left a work in flight on a
+ * CLOSED comm, and ncfsm_loop_run(DEFAULT) never returned. */
+static void test_shared_stream_stay_destroy(void **state) {
+  (void)state;
+  reset_cbs();
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.timeout_ms = 50;
+  o.on_error = NCFSM_ON_ERROR_STAY;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_comm *a[2], *b[2];
+  make_comms(loop, 2, &o, a, 0);
+  make_comms(loop, 2, &o, b, 0);
+  for (int r = 0; r < 2; r++) {
+    run_until_state(loop, a[r], NCFSM_STATE_READY);
+    run_until_state(loop, b[r], NCFSM_STATE_READY);
+  }
+  void *s;
+  assert_int_equal(ncfsm_stream_create(a[0], &s), NCFSM_OK);
+  /* a[0]'s op never completes (a[1] never joins); b[0]'s waits behind it on s */
+  assert_int_equal(ncfsm_allreduce(a[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, s, cb, (void *)0, NULL), NCFSM_OK);
+  run_turns(loop, 5); /* a[0]'s op is on s first */
+  assert_int_equal(ncfsm_comm_state(a[0]), NCFSM_STATE_READY);
+  assert_int_equal(ncfsm_allreduce(b[0], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, s, cb, (void *)1, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(b[1], buf[2], buf[2], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)2, NULL), NCFSM_OK);
+  run_turns(loop, 10);
+  assert_int_equal(ncfsm_comm_destroy(b[0]), NCFSM_ERR_ILLEGAL_STATE);
+  double t0 = now_s();
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_true(now_s() - t0 < 10.0);
+  assert_int_equal(cb_calls[0], 1);
+  assert_int_equal(cb_st[0], NCFSM_ERR_TIMEOUT);
+  assert_int_equal(cb_calls[1], 1);
+  assert_true(cb_st[1] != NCFSM_OK); /* never OK: its data never arrived */
+  assert_int_equal(ncfsm_comm_state(a[0]), NCFSM_STATE_ERROR);
+  assert_non_null(strstr(ncfsm_comm_failure(a[0]), "watchdog"));
+  assert_int_equal(ncfsm_stream_destroy(a[0], s), NCFSM_OK);
+  for (int r = 0; r < 2; r++) {
+    if (ncfsm_comm_state(b[r]) != NCFSM_STATE_CLOSED) assert_int_equal(ncfsm_comm_abort(b[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_comm_release(b[r]), NCFSM_OK);
+  }
+  teardown_all(loop, a, 2);
+}
+
+/* A failed revoke left the previous call's message as the last error; after
+ * an async error, revoke went REVOKING and back to ERROR and wait_state said
+ * "nothing is pending (an open group? a missing init?)". */
+static void test_revoke_after_error_messages(void **state) {
+  (void)state;
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  so.async_error_at_op = 0;
+  test_comm_opts(&o, &so);
+  o.on_error = NCFSM_ON_ERROR_STAY;
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = comms_with(1, c, &o);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  run_until_state(loop, c[0], NCFSM_STATE_ERROR);
+  char failure[512];
+  snprintf(failure, sizeof failure, "%s", ncfsm_comm_failure(c[0]));
+  assert_non_null(strstr(failure, "ncclRemoteError"));
+  ncfsm_result_t r = ncfsm_comm_revoke(c[0]);
+  if (r == NCFSM_OK) {
+    ncfsm_result_t w = ncfsm_comm_wait_state(c[0], NCFSM_STATE_REVOKED, 5000);
+    if (w != NCFSM_OK) {
+      assert_int_equal(w, NCFSM_ERR_ILLEGAL_STATE);
+      const char *e = ncfsm_comm_last_error(c[0]);
+      assert_null(strstr(e, "missing init"));
+      assert_non_null(strstr(e, "ncfsm_comm_abort"));  /* the calls that can move it on */
+      assert_non_null(strstr(e, "ncclRemoteError"));   /* the cause of the failure */
+    }
+  } else {
+    assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "ncfsm_comm_revoke"));
+  }
+  /* the failure that ended the comm's healthy life is kept */
+  assert_string_equal(ncfsm_comm_failure(c[0]), failure);
+  teardown_all(loop, c, 1);
+
+  /* revoke on a runtime without it: its own message, not the previous one */
+  test_sim_opts(&so);
+  so.has_revoke = 0;
+  test_comm_opts(&o, &so);
+  loop = comms_with(1, c, &o);
+  assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_ERR_ILLEGAL_STATE); /* leaves a message */
+  assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_FINALIZED, 5000), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_revoke(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "ncfsm_comm_revoke"));
+  teardown_all(loop, c, 1);
+}
+
+/* ncfsm_stream_destroy while a QUEUED work names the stream: use after free
+ * at launch. Now refused until the work finished. */
+static void test_stream_destroy_busy(void **state) {
+  (void)state;
+  reset_cbs();
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = ready_comms(2, c);
+  void *s;
+  assert_int_equal(ncfsm_stream_create(c[0], &s), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, s, cb, (void *)0, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_stream_destroy(c[0], s), NCFSM_ERR_BUSY);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "not finished"));
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)1, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_int_equal(cb_st[0], NCFSM_OK);
+  assert_int_equal(ncfsm_stream_destroy(c[0], s), NCFSM_OK);
+  teardown_all(loop, c, 2);
+}
+
+/* ncfsm_work_wait returned NCFSM_ERR_TIMEOUT for its own timeout and for a
+ * work the watchdog timed out. */
+static void test_wait_timeout_vs_watchdog(void **state) {
+  (void)state;
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.timeout_ms = 300;
+  o.on_error = NCFSM_ON_ERROR_STAY;
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = comms_with(2, c, &o);
+  ncfsm_work *w;
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+  assert_int_equal(ncfsm_work_wait(w, 20), NCFSM_ERR_AGAIN); /* the wait's own limit */
+  assert_int_equal(ncfsm_work_wait(w, 5000), NCFSM_ERR_TIMEOUT); /* the watchdog */
+  assert_int_equal(ncfsm_work_state(w), NCFSM_WORK_TIMED_OUT);
+  assert_int_equal(ncfsm_work_release(w), NCFSM_OK);
+  teardown_all(loop, c, 2);
+}
+
+/* A second ncfsm_work_release was accepted: the queued work went back to the
+ * free list, the next submit reused it and ncfsm_loop_run hung. */
+static void test_double_release(void **state) {
+  (void)state;
+  reset_cbs();
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = ready_comms(2, c);
+  ncfsm_work *w;
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, &w), NCFSM_OK);
+  assert_int_equal(ncfsm_work_release(w), NCFSM_OK);
+  assert_int_equal(ncfsm_work_release(w), NCFSM_ERR_INVALID_USAGE); /* still queued: detected */
+  for (int k = 1; k < 4; k++)
+    assert_int_equal(ncfsm_allreduce(c[0], buf[k], buf[k], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)(intptr_t)k, NULL), NCFSM_OK);
+  for (int k = 0; k < 4; k++)
+    assert_int_equal(ncfsm_allreduce(c[1], buf[4 + k], buf[4 + k], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)(intptr_t)(4 + k), NULL), NCFSM_OK);
+  double t0 = now_s();
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_true(now_s() - t0 < 10.0);
+  for (int k = 0; k < 8; k++) {
+    assert_int_equal(cb_calls[k], 1);
+    assert_int_equal(cb_st[k], NCFSM_OK);
+  }
+  /* after the work is freed, a third release is still recognised */
+  assert_int_equal(ncfsm_work_release(w), NCFSM_ERR_INVALID_USAGE);
+  teardown_all(loop, c, 2);
+}
+
+/* ncfsm_loop_close inside a ncfsm_loop_call callback returned OK, then the
+ * loop was used after free. */
+static ncfsm_result_t close_rc = NCFSM_OK;
+static void close_inside(void *arg) { close_rc = ncfsm_loop_close(arg); }
+
+static void test_loop_close_in_callback(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_call(loop, close_inside, loop), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_ONCE), NCFSM_OK);
+  assert_int_equal(close_rc, NCFSM_ERR_INVALID_USAGE);
+  assert_non_null(strstr(ncfsm_loop_last_error(loop), "inside one of this loop's callbacks"));
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+}
+
+/* ncfsm_loop_last_error was documented per thread but was per loop. */
+static ncfsm_loop *shared_loop;
+static char other_err[512];
+static void *other_thread(void *arg) {
+  (void)arg;
+  ncfsm_group_end(shared_loop); /* not in a group: an error of this thread */
+  snprintf(other_err, sizeof other_err, "%s", ncfsm_loop_last_error(shared_loop));
+  return NULL;
+}
+
+static void test_loop_error_per_thread(void **state) {
+  (void)state;
+  assert_int_equal(ncfsm_loop_new(NULL, &shared_loop), NCFSM_OK);
+  assert_string_equal(ncfsm_loop_last_error(shared_loop), "");
+  pthread_t th;
+  pthread_create(&th, NULL, other_thread, NULL);
+  pthread_join(th, NULL);
+  assert_non_null(strstr(other_err, "ncfsm_group_end"));
+  assert_string_equal(ncfsm_loop_last_error(shared_loop), ""); /* this thread made no error */
+  assert_int_equal(ncfsm_loop_close(shared_loop), NCFSM_OK);
+}
+
+/* ncfsm_comm_init_boot: argument errors before anything else. */
+static void test_init_boot_arguments(void **state) {
+  (void)state;
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_init_boot(c[0], NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "boot is NULL"));
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_NEW);
+  teardown_all(loop, c, 1);
+}
+
+/* The watchdog is on by default (README: it fails stop). */
+static void test_watchdog_default_on(void **state) {
+  (void)state;
+  unsetenv("NCFSM_TIMEOUT_MS");
+  ncfsm_comm_opts o;
+  ncfsm_comm_opts_init(&o);
+  assert_int_equal(o.timeout_ms, NCFSM_DEFAULT_TIMEOUT_MS);
+}
+
+/* A dead peer came back as NCFSM_ERR_BACKEND or NCFSM_ERR_ASYNC depending on
+ * whether the group end or a later poll saw it first. */
+static void test_async_cause_independent_of_timing(void **state) {
+  (void)state;
+  for (int direct = 0; direct < 2; direct++) {
+    reset_cbs();
+    ncfsm_sim_opts so;
+    ncfsm_comm_opts o;
+    test_sim_opts(&so);
+    so.async_error_at_op = 0;
+    so.group_end_inprogress = direct ? 0 : 1; /* 0: the group end itself sees the error */
+    test_comm_opts(&o, &so);
+    o.on_error = NCFSM_ON_ERROR_STAY;
+    ncfsm_comm *c[1];
+    ncfsm_loop *loop = comms_with(1, c, &o);
+    assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, NULL), NCFSM_OK);
+    assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+    assert_int_equal(cb_calls[0], 1);
+    assert_int_equal(cb_st[0], NCFSM_ERR_ASYNC);
+    teardown_all(loop, c, 1);
+  }
+}
+
+/* FINALIZING with a launch in flight never fired LAUNCH_PENDING/FINAL (the
+ * hidden boolean busy): now DRAIN_LAUNCH_IN_PROGRESS -> DRAINING -> ... */
+static void test_finalize_during_launch(void **state) {
+  (void)state;
+  reset_cbs();
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  so.launch_polls = 3;
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = comms_with(2, c, &o);
+  trace_log *t = calloc(1, sizeof *t);
+  ncfsm_loop_set_trace(loop, trace_record, t);
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < 4; i++) buf[r][i] = r + 1;
+    assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)(intptr_t)r, NULL), NCFSM_OK);
+  }
+  run_until_state(loop, c[0], NCFSM_STATE_LAUNCH_IN_PROGRESS);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_finalize(c[r]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_DRAIN_LAUNCH_IN_PROGRESS);
+  for (int r = 0; r < 2; r++) {
+    ncfsm_result_t wr = ncfsm_comm_wait_state(c[r], NCFSM_STATE_FINALIZED, 5000);
+    if (wr != NCFSM_OK)
+      fail_msg("rank %d: %s in %s: %s", r, ncfsm_err_name(wr), ncfsm_state_name(ncfsm_comm_state(c[r])),
+               ncfsm_comm_last_error(c[r]));
+  }
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(cb_st[r], NCFSM_OK);
+    assert_int_equal(buf[r][0], 3);
+  }
+  bool saw_final = false;
+  for (int i = 0; i < t->n; i++)
+    if (t->rec[i].obj == c[0] && t->rec[i].state == NCFSM_STATE_DRAIN_LAUNCH_IN_PROGRESS &&
+        t->rec[i].event == NCFSM_EV_LAUNCH_FINAL && t->rec[i].next == NCFSM_STATE_DRAINING)
+      saw_final = true;
+  assert_true(saw_final);
+  ncfsm_loop_set_trace(loop, NULL, NULL);
+  free(t);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_destroy(c[r]), NCFSM_OK);
+  teardown_all(loop, c, 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_destroy_inflight_never_ok),
+      cmocka_unit_test(test_revoke_fails_unobserved),
+      cmocka_unit_test(test_shared_stream_stay_destroy),
+      cmocka_unit_test(test_revoke_after_error_messages),
+      cmocka_unit_test(test_stream_destroy_busy),
+      cmocka_unit_test(test_wait_timeout_vs_watchdog),
+      cmocka_unit_test(test_double_release),
+      cmocka_unit_test(test_loop_close_in_callback),
+      cmocka_unit_test(test_loop_error_per_thread),
+      cmocka_unit_test(test_init_boot_arguments),
+      cmocka_unit_test(test_watchdog_default_on),
+      cmocka_unit_test(test_async_cause_independent_of_timing),
+      cmocka_unit_test(test_finalize_during_launch),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
