@@ -12,7 +12,13 @@ EX="$BUILD/examples/02_group_semantics"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export NCFSM_BACKEND=${NCFSM_BACKEND:-auto}
 
-"$BUILD/tools/ncfsm-info" 2>/dev/null | grep -E "^ncfsm|runtime|picks" || true
+# What this machine has (a summary of ncfsm-info). A failing ncfsm-info
+# stops the demo: its error is shown, not hidden.
+if ! info=$("$BUILD/tools/ncfsm-info"); then
+  echo "demo: $BUILD/tools/ncfsm-info failed; see its error above" >&2
+  exit 1
+fi
+printf '%s\n' "$info" | grep -E "^ncfsm|runtime|picks"
 echo
 
 ngpu=0

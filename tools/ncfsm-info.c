@@ -62,7 +62,35 @@ typedef struct setting {
   const char *note;  /* "" or why the raw value was not used */
 } setting;
 
-#define N_SETTINGS 11
+/* The NCFSM_* settings reported, in order: ENV, the check of its raw value
+ * (a *_note function and its argument), then the printf format and arguments
+ * of the effective value. The list is expanded twice: to size the array
+ * (N_SETTINGS) and, in gather_settings, to fill it, so the two cannot
+ * disagree. The arguments name locals of gather_settings. */
+#define NCFSM_INFO_SETTINGS(X)                                                           \
+  X("NCFSM_BACKEND", backend_note, backends, "%s", be)                                   \
+  X("NCFSM_BLOCKING", numeric_note, NULL, "%d", co.blocking)                             \
+  X("NCFSM_DEVICE", numeric_note, NULL, "%d", co.device)                                 \
+  X("NCFSM_TIMEOUT_MS", numeric_note, NULL, "%llu%s", (unsigned long long)co.timeout_ms, \
+    co.timeout_ms ? "" : " (off)")                                                       \
+  X("NCFSM_ON_ERROR", choice_note, on_error, "%s",                                       \
+    co.on_error == NCFSM_ON_ERROR_STAY   ? "stay"                                        \
+    : co.on_error == NCFSM_ON_ERROR_EXIT ? "exit"                                        \
+                                         : "abort")                                      \
+  X("NCFSM_OVERLAP", choice_note, overlap, "%s",                                         \
+    lo.overlap == NCFSM_OVERLAP_WARN  ? "warn"                                           \
+    : lo.overlap == NCFSM_OVERLAP_OFF ? "off"                                            \
+                                      : "reject")                                        \
+  X("NCFSM_POLL_BURST", numeric_note, NULL, "%u", lo.poll_burst)                         \
+  X("NCFSM_POLL_BURST_US", numeric_note, NULL, "%u", lo.poll_burst_us)                   \
+  X("NCFSM_POLL_MAX_US", numeric_note, NULL, "%u", lo.poll_max_us)                       \
+  X("NCFSM_COALESCE_MAX", numeric_note, NULL, "%u%s", lo.coalesce_max,                   \
+    lo.coalesce_max == 1 ? " (off)" : "")                                                \
+  X("NCFSM_DEBUG", choice_note_ci, levels, "%s", level_name(ncfsm__log_level))           \
+  X("NCFSM_DEBUG_SUBSYS", no_note, NULL, "%s", sub)
+
+#define NCFSM_INFO_COUNT_ONE(...) +1
+enum { N_SETTINGS = 0 NCFSM_INFO_SETTINGS(NCFSM_INFO_COUNT_ONE) };
 
 typedef struct report {
   int have_nccl_build;
@@ -122,7 +150,8 @@ static void subsys_names(unsigned mask, char *buf, size_t len) {
 
 /* Numeric settings: the library silently uses the default for a value that
  * does not parse; say so. */
-static const char *numeric_note(const char *raw) {
+static const char *numeric_note(const char *raw, const char *const *unused) {
+  (void)unused;
   if (!raw || !*raw) return "";
   char *end;
   errno = 0;
@@ -137,11 +166,22 @@ static const char *choice_note(const char *raw, const char *const *choices) {
   return "unknown value: the default is used";
 }
 
+static const char *no_note(const char *raw, const char *const *unused) {
+  (void)raw;
+  (void)unused;
+  return "";
+}
+
 static const char *choice_note_ci(const char *raw, const char *const *choices) {
   if (!raw || !*raw) return "";
   for (; *choices; choices++)
     if (!strcasecmp(raw, *choices)) return "";
   return "unknown value: ignored";
+}
+
+/* An unknown NCFSM_BACKEND is not ignored: no backend opens (core/backend.c). */
+static const char *backend_note(const char *raw, const char *const *choices) {
+  return choice_note_ci(raw, choices)[0] ? "unknown value: no backend opens" : "";
 }
 
 static void set(setting *s, const char *env, const char *note, const char *fmt, ...)
@@ -168,26 +208,13 @@ static void gather_settings(report *r) {
   static const char *const on_error[] = {"abort", "stay", "exit", NULL};
   static const char *const overlap[] = {"reject", "warn", "off", NULL};
   static const char *const levels[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE", NULL};
-  setting *s = r->settings;
   const char *be = ncfsm__env_str("NCFSM_BACKEND", "auto");
-  set(s++, "NCFSM_BACKEND", choice_note_ci(getenv("NCFSM_BACKEND"), backends), "%s", be);
-  set(s++, "NCFSM_BLOCKING", numeric_note(getenv("NCFSM_BLOCKING")), "%d", co.blocking);
-  set(s++, "NCFSM_DEVICE", numeric_note(getenv("NCFSM_DEVICE")), "%d", co.device);
-  set(s++, "NCFSM_TIMEOUT_MS", numeric_note(getenv("NCFSM_TIMEOUT_MS")), "%llu%s",
-      (unsigned long long)co.timeout_ms, co.timeout_ms ? "" : " (off)");
-  set(s++, "NCFSM_ON_ERROR", choice_note(getenv("NCFSM_ON_ERROR"), on_error), "%s",
-      co.on_error == NCFSM_ON_ERROR_STAY ? "stay" : co.on_error == NCFSM_ON_ERROR_EXIT ? "exit" : "abort");
-  set(s++, "NCFSM_OVERLAP", choice_note(getenv("NCFSM_OVERLAP"), overlap), "%s",
-      lo.overlap == NCFSM_OVERLAP_WARN ? "warn" : lo.overlap == NCFSM_OVERLAP_OFF ? "off" : "reject");
-  set(s++, "NCFSM_POLL_BURST", numeric_note(getenv("NCFSM_POLL_BURST")), "%u", lo.poll_burst);
-  set(s++, "NCFSM_POLL_BURST_US", numeric_note(getenv("NCFSM_POLL_BURST_US")), "%u", lo.poll_burst_us);
-  set(s++, "NCFSM_POLL_MAX_US", numeric_note(getenv("NCFSM_POLL_MAX_US")), "%u", lo.poll_max_us);
-  set(s++, "NCFSM_COALESCE_MAX", numeric_note(getenv("NCFSM_COALESCE_MAX")), "%u%s", lo.coalesce_max,
-      lo.coalesce_max == 1 ? " (off)" : "");
-  set(s++, "NCFSM_DEBUG", choice_note_ci(getenv("NCFSM_DEBUG"), levels), "%s", level_name(ncfsm__log_level));
   char sub[128];
   subsys_names(ncfsm__log_subsys, sub, sizeof sub);
-  set(s++, "NCFSM_DEBUG_SUBSYS", "", "%s", sub);
+  setting *s = r->settings;
+#define NCFSM_INFO_FILL(env, note_fn, note_arg, ...) set(s++, env, note_fn(getenv(env), note_arg), __VA_ARGS__);
+  NCFSM_INFO_SETTINGS(NCFSM_INFO_FILL)
+#undef NCFSM_INFO_FILL
 }
 
 static void gather(report *r) {
@@ -314,7 +341,7 @@ static void print_text(const report *r) {
     printf("  as configured             none: %s\n", r->env_why);
 
   printf("\nConfiguration (effective value; environment)\n");
-  for (int i = 0; i < N_SETTINGS; i++) {
+  for (size_t i = 0; i < N_SETTINGS; i++) {
     const setting *s = &r->settings[i];
     printf("  %-20s %-14s %s%s%s%s%s\n", s->env, s->value, s->raw ? "set: \"" : "default", s->raw ? s->raw : "",
            s->raw ? "\"" : "", s->note[0] ? "; " : "", s->note);
@@ -400,7 +427,7 @@ static json_t *to_json(const report *r) {
   json_object_set_new(root, "backend", be);
 
   json_t *cfg = json_object();
-  for (int i = 0; i < N_SETTINGS; i++) {
+  for (size_t i = 0; i < N_SETTINGS; i++) {
     const setting *s = &r->settings[i];
     json_t *o = json_object();
     json_object_set_new(o, "value", json_string(s->value));
