@@ -6,9 +6,13 @@
  *
  * The token is read from NCFSM_STORE_TOKEN unless --token is given (argv is
  * visible to every user through ps; prefer the environment). Stops on
- * SIGINT/SIGTERM.
+ * SIGINT/SIGTERM and then exits 0. Exit status 2 for a bad argument, 1 when
+ * the store cannot start (no token, a non-loopback address without
+ * --allow-remote, the port is taken).
  */
+#include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +34,20 @@ static void usage(FILE *f) {
              "  --print-port  print \"PORT\\n\" on stdout once listening\n");
 }
 
+/* A positive integer no larger than max (decimal, or 0x hex); else a clear
+ * error and -1. */
+static int parse_size(const char *opt, const char *v, unsigned long long max, unsigned long long *out) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 0); /* accepts a sign: refused below */
+  if (strchr(v, '-') || end == v || *end || errno || x == 0 || x > max) {
+    fprintf(stderr, "ncfsm-store: %s '%s': expected a number of bytes from 1 to %llu\n", opt, v, max);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)sig;
   (void)what;
@@ -46,18 +64,33 @@ int main(int argc, char **argv) {
   int print_port = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--listen") && v) o.listen = argv[++i];
-    else if (!strcmp(a, "--token") && v) o.token = argv[++i];
-    else if (!strcmp(a, "--value-max") && v) o.value_max = (uint32_t)strtoul(argv[++i], NULL, 0);
-    else if (!strcmp(a, "--max-bytes") && v) o.max_bytes = strtoull(argv[++i], NULL, 0);
-    else if (!strcmp(a, "--allow-remote")) o.allow_remote = 1;
-    else if (!strcmp(a, "--print-port")) print_port = 1;
-    else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    int takes_value = !strcmp(a, "--listen") || !strcmp(a, "--token") || !strcmp(a, "--value-max") ||
+                      !strcmp(a, "--max-bytes");
+    if (takes_value && i + 1 >= argc) {
+      fprintf(stderr, "ncfsm-store: %s needs a value\n", a);
+      usage(stderr);
+      return 2;
+    }
+    unsigned long long x;
+    if (!strcmp(a, "--listen")) {
+      o.listen = argv[++i];
+    } else if (!strcmp(a, "--token")) {
+      o.token = argv[++i];
+    } else if (!strcmp(a, "--value-max")) {
+      if (parse_size(a, argv[++i], UINT32_MAX, &x)) return 2;
+      o.value_max = (uint32_t)x;
+    } else if (!strcmp(a, "--max-bytes")) {
+      if (parse_size(a, argv[++i], UINT64_MAX, &x)) return 2;
+      o.max_bytes = x;
+    } else if (!strcmp(a, "--allow-remote")) {
+      o.allow_remote = 1;
+    } else if (!strcmp(a, "--print-port")) {
+      print_port = 1;
+    } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
     } else {
-      fprintf(stderr, "ncfsm-store: unknown or incomplete argument '%s'\n", a);
+      fprintf(stderr, "ncfsm-store: unknown argument '%s'\n", a);
       usage(stderr);
       return 2;
     }
