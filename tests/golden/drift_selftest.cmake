@@ -46,9 +46,9 @@ run_check(1 "fsm-tables.md drifted.*\n-\\| `CLOSED` \\|[^\n]*\\| DEFER \\|\n\\+\
 # 3. A transition label edited in fsm.dot (and tables intact).
 fresh_copy()
 file(READ ${WORK}/fsm.dot dot)
-string(REPLACE "INIT / act_start_init (R1)" "INIT / act_start_init (R9)" dot2 "${dot}")
+string(REPLACE "INIT / accept_init (R1)" "INIT / accept_init (R9)" dot2 "${dot}")
 if(dot2 STREQUAL dot)
-  message(FATAL_ERROR "drift_selftest: the NEW -> INIT_IN_PROGRESS edge was not found in fsm.dot")
+  message(FATAL_ERROR "drift_selftest: the NEW -> INIT_QUEUED edge (INIT / accept_init) was not found in fsm.dot")
 endif()
 file(WRITE ${WORK}/fsm.dot "${dot2}")
 run_check(1 "fsm.dot drifted" "edited fsm.dot")
