@@ -128,6 +128,10 @@ int main(void) {
     CHECK(ncfsm_comm_release(comm[r]));
   }
   CHECK(ncfsm_loop_close(loop));
+  if (done_count != NRANKS + 100 * NRANKS) {
+    fprintf(stderr, "%d works completed successfully, expected %d\n", done_count, NRANKS + 100 * NRANKS);
+    return 1;
+  }
   printf("== done: %d works completed, all states as expected\n", done_count);
-  return done_count == NRANKS + 100 * NRANKS ? 0 : 1;
+  return 0;
 }
