@@ -86,6 +86,7 @@ typedef struct setting {
   X("NCFSM_POLL_MAX_US", numeric_note, NULL, "%u", lo.poll_max_us)                       \
   X("NCFSM_COALESCE_MAX", numeric_note, NULL, "%u%s", lo.coalesce_max,                   \
     lo.coalesce_max == 1 ? " (off)" : "")                                                \
+  X("NCFSM_TIMING", numeric_note, NULL, "%d%s", co.timing, co.timing ? "" : " (off)")    \
   X("NCFSM_DEBUG", choice_note_ci, levels, "%s", level_name(ncfsm__log_level))           \
   X("NCFSM_DEBUG_SUBSYS", no_note, NULL, "%s", sub)
 
