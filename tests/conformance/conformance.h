@@ -10,20 +10,27 @@
  *
  * Every scenario records four short strings per mode (return codes, async
  * states, data check, final health) plus free-form measured info, and the
- * harness compares them with the expectation (see evaluate() in harness.c).
+ * harness compares them with the expectation (evaluate.c).
  *
  * Files (docs/conformance.md, "Layout"):
  *   conformance.h      this: types shared by all files
- *   harness.c          main, options, the runner, evaluation, --recheck
- *   report.c           JSON and Markdown output (jansson)
- *   registry.c         the scenarios in run order; registry checks
+ *   harness.c          main, options, the runner (a fresh thread per scenario)
+ *   evaluate.c         an observation against its expectation: PASS, KNOWN,
+ *                      VARIES or FAIL
+ *   check.c            consistency of the tables (run before every run)
+ *   report.c           JSON and Markdown of one run (jansson)
+ *   table.c            --recheck of recorded runs, and --table (the table of
+ *                      docs/conformance.md from several recorded runs)
+ *   registry.c         the scenarios in run order
  *   util.c             strings, clock, buffers through the backend
  *   raw_util.c         raw-mode building blocks (init, poll, group, health)
  *   ncfsm_util.c       ncfsm-mode building blocks
- *   scen_*.c           one file per rule family: the scenario code and the raw
- *                      expectation (from NCCL-RULES)
+ *   scen_*.c           one file per rule family: the scenario code, its raw
+ *                      expectation (from NCCL-RULES) and, for a raw row whose
+ *                      outcome varies on real NCCL, every observed outcome
  *   expect_ncfsm.c     EVERY ncfsm-mode expectation (engine semantics)
- *   known.c            known differences (documented NCCL vs sim/NCCL-RULES)
+ *   known.c            known differences (NCCL vs NCCL-RULES, sim vs NCCL),
+ *                      each with the results file that shows it
  */
 #ifndef NCFSM_CONFORMANCE_H
 #define NCFSM_CONFORMANCE_H
@@ -48,8 +55,6 @@ extern const char *const mode_name[M_COUNT];
 
 typedef struct obs {
   char rc[640], async[320], data[160], health[160], info[480];
-  int skipped;
-  char skip_why[200];
 } obs_t;
 
 typedef struct ctx {
@@ -74,11 +79,31 @@ typedef struct exp_s {
   const char *rc, *async, *data, *health;
 } exp_t;
 
+/* A raw-NCCL row whose outcome varies run to run on real NCCL (timing inside
+ * NCCL): every whole observation seen, each with where it was seen. A run
+ * whose observation equals one of them (all four fields) is VARIES, not
+ * FAIL. Only raw rows on the nccl backend may vary: check.c refuses to run
+ * with an entry for another mode or backend, and evaluate.c consults it only
+ * for raw on nccl, so ncfsm rows and sim rows fail on any deviation. */
+typedef struct outcome {
+  exp_t obs;
+  const char *note;        /* what happened, in words */
+  const char *evidence[4]; /* files (from the repository root) that show it */
+} outcome_t;
+
+typedef struct varies {
+  const char *mode;    /* must be "raw" */
+  const char *backend; /* must be "nccl" */
+  const outcome_t *outcomes;
+  int n;
+} varies_t;
+
 typedef struct scen {
   const char *id, *rule, *title;
   scen_fn fn[M_COUNT];
   exp_t raw;           /* raw expectation, written from NCCL-RULES */
   exp_t raw_norevoke;  /* raw, when the runtime has no ncclCommRevoke (.rc NULL: none) */
+  const varies_t *varies; /* raw on nccl only (see outcome_t); NULL: exact match */
   int sim_only;           /* runs on the sim only */
   int sim_has_revoke;     /* -1: leave the sim default */
   int sim_launch_polls;   /* > 0: sim launch_polls for this scenario (ncfsm mode) */
@@ -101,24 +126,26 @@ typedef struct ncfsm_expect {
 extern const ncfsm_expect_t ncfsm_expectations[];
 extern const int ncfsm_nexpectations;
 
-/* known.c: an explained disagreement between NCCL (or the sim) and the
- * expectation; matches only this exact field observation. */
+/* known.c: an explained disagreement between NCCL and NCCL-RULES, or between
+ * the sim and NCCL, documented by a results file; matches only this exact
+ * field observation of this scenario, mode and backend. An ncfsm-mode entry
+ * may only name the sim (a difference of the sim by design): on real NCCL an
+ * ncfsm row fails on any deviation. */
 typedef struct known {
   const char *scenario, *mode, *backend, *field, *observed, *reason;
+  const char *evidence[4]; /* files (from the repository root) that show it */
 } known_t;
 extern const known_t knowns[];
 extern const int nknowns;
 
-/* ---- registry.c ------------------------------------------------------------------------ */
+/* ---- registry.c, check.c ----------------------------------------------------------------- */
 
 extern const scen_t *const scenarios[];
 extern const int nscenarios;
-/* The expectation of scenario s in mode m for a runtime with these features. */
-const exp_t *scen_expectation(const scen_t *s, int m, unsigned features);
-const ncfsm_expect_t *ncfsm_expectation_of(const char *scenario);
-/* Consistency of the tables: 0 when fine, else -1 with a message in err. */
+/* Consistency of the tables: 0 when fine, else -1 with a message in err.
+ * source_dir (may be NULL): also check that every evidence file exists. */
 int registry_check(const scen_t *const *scens, int nscen, const ncfsm_expect_t *ne, int nne, const known_t *k,
-                   int nk, char *err, size_t errlen);
+                   int nk, const char *source_dir, char *err, size_t errlen);
 
 /* ---- util.c ----------------------------------------------------------------------------- */
 
@@ -180,24 +207,41 @@ int nturns_until(ctx_t *x, nset_t *ns, int (*pred)(void *), void *arg);
 int pred_launch_ip(void *a);
 uint64_t nbackend_calls(ncfsm_comm *c);
 
-/* ---- report.c ----------------------------------------------------------------------------- */
+/* ---- evaluate.c, report.c, table.c ----------------------------------------------------------- */
 
 typedef struct result {
   const scen_t *s;
   int mode;
   obs_t o;
-  const char *verdict; /* PASS, KNOWN, FAIL, SKIP (--recheck: also STALE, NOT-RUN) */
+  const char *verdict; /* PASS, KNOWN, VARIES, FAIL, SKIP (--recheck: also STALE, NOT-RUN) */
   char why[2400];
   double ms;
-  int rev; /* revision of the scenario code that produced the observation */
+  int rev;           /* revision of the scenario code that produced the observation */
+  unsigned features; /* backend features the scenario ran with (a sim scenario may drop Revoke) */
 } result_t;
 
 typedef struct totals {
-  int pass, known, fail, skip;
+  int pass, known, varies, fail, skip; /* skip: SKIP, STALE, NOT-RUN */
 } totals_t;
 
+/* The expectation of scenario s in mode m for a runtime with these features
+ * (NULL: the scenario has none for it). */
+const exp_t *scen_expectation(const scen_t *s, int m, unsigned features);
+const ncfsm_expect_t *ncfsm_expectation_of(const char *scenario);
+/* The features scenario s ran with in a recorded run that did not write them
+ * per row (files before the per-row "features"): a sim scenario may drop
+ * Revoke (sim_has_revoke = 0, or a modelled NCCL before 2.28.7). */
+unsigned scen_features_fallback(const scen_t *s, int is_sim, unsigned run_features);
+/* Compare r->o with the expectation; sets r->verdict and r->why. backend:
+ * "nccl" or "sim". Returns 0 PASS, 1 KNOWN, 2 VARIES, 3 FAIL. */
+int evaluate(const char *backend, unsigned features, const scen_t *s, int m, result_t *r);
 void totals_add(totals_t *t, const char *verdict);
+void md_escape(FILE *f, const char *s); /* | -> \\| */
 void write_md(FILE *f, const ctx_t *x, const result_t *res, int nres, const totals_t *t);
 void emit(const ctx_t *x, const result_t *res, int nres, const totals_t *t, const char *md, const char *json);
+/* --recheck FILE: a recorded run against the current expectations. */
+int recheck(const char *file, const char *md, const char *json_out);
+/* --table LABEL=FILE ...: one Markdown table over several recorded runs. */
+int table(int nfiles, char **files, FILE *out);
 
 #endif

@@ -5,6 +5,7 @@
  * the engine) and change when the engine does. When an engine change alters
  * a state name, a decision or a lifecycle rule, update the entry here (and
  * its `depends` line); nothing else in the suite encodes ncfsm's behaviour.
+ * `ncfsm-conformance --list` prints each scenario with its `depends` line.
  *
  * An ncfsm row fails on any deviation from its entry below, except where
  * known.c documents a difference of the sim by design. */
@@ -103,13 +104,11 @@ const ncfsm_expect_t ncfsm_expectations[] = {
      {"revoke=UNSUPPORTED,UNSUPPORTED msg=R6", "->READY,READY", "n/a", "healthy"},
      "as revoke, on sim comms with has_revoke=0 (per-comm capability)"},
     {"mixed_blocking_nonblocking",
-     /* ncfsm: refused before NCCL (nothing launched, comms healthy), or split
-      * into one backend group per blocking mode (both right). */
-     {"ops=OK ge=INVALID_USAGE OR ops=OK ge=OK",
-      "works(blk,nb)=GROUP,GROUP blk=READY,READY nb=READY,READY OR works(blk,nb)=OK,OK blk=READY,READY nb=READY,READY",
-      "blk=wrong nb=wrong OR blk=ok nb=ok", "healthy"},
+     {"ops=OK ge=INVALID_USAGE", "works(blk,nb)=GROUP,GROUP blk=READY,READY nb=READY,READY", "blk=wrong nb=wrong",
+      "healthy"},
      {0},
-     "R3 check at ncfsm_group_end: a group mixing blocking and nonblocking comms is refused"},
+     "R3 check at ncfsm_group_end: a group mixing blocking and nonblocking comms is NCFSM_ERR_INVALID_USAGE, its "
+     "works fail with NCFSM_ERR_GROUP, nothing reaches the backend, every comm stays READY"},
     {"blocking_then_nonblocking_groups",
      {"ops=OK ge=OK,OK", "works(blk,nb)=OK,OK blk=READY,READY nb=READY,READY", "blk=ok nb=ok", "healthy"},
      {0},

@@ -1,11 +1,10 @@
-/* The harness of ncfsm-conformance: options, the runner (each scenario on a
- * fresh pthread, with a hang guard), the evaluation of an observation
- * against its expectation, and --recheck of a recorded run.
+/* The harness of ncfsm-conformance: options, and the runner (each scenario
+ * on a fresh pthread, with a hang guard; its observation evaluated by
+ * evaluate.c). Recorded runs: table.c.
  *
- * Exit: 0 all pass (or known), 1 a difference, 2 usage/hang/bad registry,
- * 77 the nccl backend is unusable or fewer than 2 devices are visible (CTest
- * SKIP). */
-#include <jansson.h>
+ * Exit: 0 nothing failed (PASS, KNOWN, VARIES, SKIP), 1 a FAIL (or a hang),
+ * 2 usage or inconsistent tables, 77 the nccl backend is unusable or fewer
+ * than 2 devices are visible (CTest SKIP). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,19 +12,6 @@
 #include <unistd.h>
 
 #include "conformance.h"
-
-/* Alternatives separated by " OR ". */
-static int field_match(const char *exp, const char *got) {
-  if (!exp || !*exp) return 1; /* not compared */
-  const char *p = exp;
-  for (;;) {
-    const char *q = strstr(p, " OR ");
-    size_t n = q ? (size_t)(q - p) : strlen(p);
-    if (strlen(got) == n && !strncmp(p, got, n)) return 1;
-    if (!q) return 0;
-    p = q + 4;
-  }
-}
 
 typedef struct job {
   ctx_t *x;
@@ -42,118 +28,37 @@ static void *job_main(void *a) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: ncfsm-conformance [--backend nccl|sim] [--mode raw|ncfsm|all] [--json FILE] "
-                  "[--md FILE] [--only ID] [--timeout-s N]\n"
-                  "       ncfsm-conformance [--md FILE] [--json FILE] --recheck RESULTS.json   (re-evaluate an "
-                  "earlier run)\n");
+  fprintf(stderr,
+          "usage: ncfsm-conformance [--backend nccl|sim] [--mode raw|ncfsm|all] [--json FILE] [--md FILE]\n"
+          "                         [--only ID] [--timeout-s N]\n"
+          "       ncfsm-conformance [--md FILE] [--json FILE] --recheck RESULTS.json\n"
+          "             re-evaluate a recorded run (its --json) against the current expectations\n"
+          "       ncfsm-conformance --table LABEL=RESULTS.json [LABEL=RESULTS.json ...]\n"
+          "             one Markdown table over recorded runs (docs/conformance.md)\n"
+          "       ncfsm-conformance --check-registry [--source-dir DIR]\n"
+          "             check the scenario tables (and that every evidence file exists below DIR)\n"
+          "       ncfsm-conformance --list\n"
+          "             the scenarios, and the engine behaviour each ncfsm expectation depends on\n");
 }
 
-/* Compare an observation with the scenario's expectation: 0 pass, 1 known difference, 2 fail. */
-static int evaluate(const ctx_t *xp, unsigned features, const scen_t *s, int m, result_t *r) {
-  const exp_t *e = scen_expectation(s, m, features);
-  static const exp_t none = {0};
-  if (!e) e = &none;
-  const char *fname[4] = {"rc", "async", "data", "health"};
-  const char *got[4] = {r->o.rc, r->o.async, r->o.data, r->o.health};
-  const char *want[4] = {e->rc, e->async, e->data, e->health};
-  int fail = 0, known = 0;
-  r->why[0] = '\0';
-  for (int f = 0; f < 4; f++) {
-    if (field_match(want[f], got[f])) continue;
-    const known_t *k = NULL;
-    for (int ki = 0; ki < nknowns && !k; ki++)
-      if (!strcmp(knowns[ki].scenario, s->id) && !strcmp(knowns[ki].mode, mode_name[m]) &&
-          (!strcmp(knowns[ki].backend, "*") || !strcmp(knowns[ki].backend, xp->bname)) &&
-          !strcmp(knowns[ki].field, fname[f]) && !strcmp(knowns[ki].observed, got[f]))
-        k = &knowns[ki];
-    size_t n = strlen(r->why);
-    if (k) {
-      known++;
-      snprintf(r->why + n, sizeof r->why - n, "%s%s: known difference: %s", n ? "; " : "", fname[f], k->reason);
-    } else {
-      fail++;
-      snprintf(r->why + n, sizeof r->why - n, "%s%s: expected [%s] got [%s]", n ? "; " : "", fname[f], want[f],
-               got[f]);
-    }
-  }
-  r->verdict = fail ? "FAIL" : known ? "KNOWN" : "PASS";
-  return fail ? 2 : known ? 1 : 0;
-}
-
-/* --recheck: the observations of an earlier run (its --json) against the current expectations. */
-static int recheck(const char *file, const char *md, const char *json_out) {
-  json_error_t err;
-  json_t *root = json_load_file(file, 0, &err);
-  if (!root) {
-    fprintf(stderr, "%s: %s (line %d)\n", file, err.text, err.line);
-    return 2;
-  }
-  ctx_t x;
-  memset(&x, 0, sizeof x);
-  static char bname[16];
-  snprintf(bname, sizeof bname, "%s", json_string_value(json_object_get(root, "backend")) ?: "?");
-  x.bname = bname;
-  x.is_sim = !strcmp(bname, "sim");
-  x.version = (int)json_integer_value(json_object_get(root, "nccl_version"));
-  x.features = (unsigned)json_integer_value(json_object_get(root, "features"));
-  json_t *arr = json_object_get(root, "results");
-  result_t *res = calloc((size_t)nscenarios * M_COUNT, sizeof *res);
-  int nres = 0;
-  totals_t t = {0};
-  printf("# recheck of %s: backend %s, NCCL %d, features 0x%x\n", file, bname, x.version, x.features);
+static void list(void) {
   for (int si = 0; si < nscenarios; si++) {
     const scen_t *s = scenarios[si];
-    for (int m = 0; m < M_COUNT; m++) {
-      json_t *hit = NULL, *it;
-      size_t i;
-      json_array_foreach(arr, i, it) {
-        const char *sc = json_string_value(json_object_get(it, "scenario"));
-        const char *mo = json_string_value(json_object_get(it, "mode"));
-        if (sc && mo && !strcmp(sc, s->id) && !strcmp(mo, mode_name[m])) hit = it;
-      }
-      result_t *r = &res[nres++];
-      r->s = s;
-      r->mode = m;
-#define JS(field, key) \
-  snprintf(r->o.field, sizeof r->o.field, "%s", hit ? json_string_value(json_object_get(hit, key)) ?: "" : "")
-      JS(rc, "rc");
-      JS(async, "async");
-      JS(data, "data");
-      JS(health, "health");
-      JS(info, "info");
-#undef JS
-      json_t *jr = hit ? json_object_get(hit, "rev") : NULL;
-      r->rev = jr ? (int)json_integer_value(jr) : 1;
-      const char *jv = hit ? json_string_value(json_object_get(hit, "verdict")) : NULL;
-      if (!hit) {
-        r->verdict = "NOT-RUN";
-        snprintf(r->why, sizeof r->why, "not in this run (added later): run it on a GPU");
-      } else if (jv && !strcmp(jv, "SKIP")) {
-        r->verdict = "SKIP";
-        snprintf(r->why, sizeof r->why, "%s", json_string_value(json_object_get(hit, "why")) ?: "");
-      } else if (r->rev != scen_rev(s, m)) {
-        r->verdict = "STALE";
-        snprintf(r->why, sizeof r->why, "this run measured revision %d of the scenario, the code is revision %d: "
-                 "re-run on a GPU (observed then: %s | %s | %s | %s)", r->rev, scen_rev(s, m), r->o.rc, r->o.async,
-                 r->o.data, r->o.health);
-      } else {
-        evaluate(&x, x.features, s, m, r);
-      }
-      totals_add(&t, r->verdict);
-      printf("%-7s %-32s %-5s | %s | %s | %s | %s\n", r->verdict, s->id, mode_name[m], r->o.rc, r->o.async,
-             r->o.data, r->o.health);
-      if (strcmp(r->verdict, "PASS")) printf("        %s\n", r->why);
+    printf("%-34s %-4s %s\n", s->id, s->rule, s->title);
+    if (s->skip) {
+      printf("    skipped: %s\n", s->skip);
+      continue;
     }
+    if (s->varies) printf("    raw on nccl varies: %d observed outcomes accepted\n", s->varies->n);
+    const ncfsm_expect_t *e = ncfsm_expectation_of(s->id);
+    if (e) printf("    ncfsm depends on: %s\n", e->depends);
   }
-  emit(&x, res, nres, &t, md, json_out);
-  free(res);
-  json_decref(root);
-  return t.fail ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
   const char *backend = "sim", *mode = "all", *json = NULL, *md = NULL, *only = NULL, *rfile = NULL;
-  int timeout_s = 45;
+  const char *source_dir = NULL;
+  int timeout_s = 45, check_only = 0, do_list = 0, table_at = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -164,14 +69,28 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--only") && v) only = v, i++;
     else if (!strcmp(a, "--timeout-s") && v) timeout_s = atoi(v), i++;
     else if (!strcmp(a, "--recheck") && v) rfile = v, i++;
+    else if (!strcmp(a, "--source-dir") && v) source_dir = v, i++;
+    else if (!strcmp(a, "--check-registry")) check_only = 1;
+    else if (!strcmp(a, "--list")) do_list = 1;
+    else if (!strcmp(a, "--table") && v) { table_at = i + 1; break; }
     else { usage(); return 2; }
   }
   char rerr[512];
-  if (registry_check(scenarios, nscenarios, ncfsm_expectations, ncfsm_nexpectations, knowns, nknowns, rerr,
-                     sizeof rerr)) {
+  if (registry_check(scenarios, nscenarios, ncfsm_expectations, ncfsm_nexpectations, knowns, nknowns, source_dir,
+                     rerr, sizeof rerr)) {
     fprintf(stderr, "ncfsm-conformance: the scenario tables are inconsistent: %s\n", rerr);
     return 2;
   }
+  if (check_only) {
+    printf("scenario tables consistent: %d scenarios, %d ncfsm expectations, %d known differences%s\n", nscenarios,
+           ncfsm_nexpectations, nknowns, source_dir ? ", every evidence file present" : "");
+    return 0;
+  }
+  if (do_list) {
+    list();
+    return 0;
+  }
+  if (table_at) return table(argc - table_at, argv + table_at, stdout);
   if (rfile) return recheck(rfile, md, json);
   ctx_t x;
   memset(&x, 0, sizeof x);
@@ -217,6 +136,7 @@ int main(int argc, char **argv) {
       r->s = s;
       r->mode = m;
       r->rev = scen_rev(s, m);
+      r->features = x.features;
       if (s->skip || (s->sim_only && !x.is_sim)) {
         r->verdict = "SKIP";
         snprintf(r->why, sizeof r->why, "%s", s->skip ? s->skip : "sim only (the nccl runtime decides: see 'revoke')");
@@ -259,7 +179,8 @@ int main(int argc, char **argv) {
         else unsetenv("NCFSM_SIM_NCCL_VERSION");
       }
       x.features = saved_features;
-      int v = evaluate(&x, features_now, s, m, r);
+      r->features = features_now;
+      int v = evaluate(x.bname, features_now, s, m, r);
       totals_add(&t, r->verdict);
       printf("%-5s %-28s %-5s %7.1f ms | %s | %s | %s | %s\n", r->verdict, s->id, mode_name[m], r->ms, r->o.rc,
              r->o.async, r->o.data, r->o.health);

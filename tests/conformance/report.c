@@ -7,16 +7,7 @@
 
 #include "conformance.h"
 
-const char *const mode_name[M_COUNT] = {"raw", "ncfsm"};
-
-void totals_add(totals_t *t, const char *verdict) {
-  if (!strcmp(verdict, "PASS")) t->pass++;
-  else if (!strcmp(verdict, "KNOWN")) t->known++;
-  else if (!strcmp(verdict, "FAIL")) t->fail++;
-  else t->skip++; /* SKIP, STALE, NOT-RUN */
-}
-
-static void md_escape(FILE *f, const char *s) {
+void md_escape(FILE *f, const char *s) {
   for (; *s; s++) {
     if (*s == '|') fputs("\\|", f);
     else fputc(*s, f);
@@ -40,7 +31,8 @@ void write_md(FILE *f, const ctx_t *x, const result_t *res, int nres, const tota
     md_escape(f, r->o.health);
     fprintf(f, " | %s |\n", r->verdict);
   }
-  fprintf(f, "\n%d pass, %d known differences, %d fail, %d skipped\n", t->pass, t->known, t->fail, t->skip);
+  fprintf(f, "\n%d pass, %d known differences, %d varies, %d fail, %d skipped\n", t->pass, t->known, t->varies,
+          t->fail, t->skip);
   for (int i = 0; i < nres; i++) {
     const result_t *r = &res[i];
     if (r->o.info[0]) fprintf(f, "\n- info %s/%s: %s", r->s->id, r->mode < 0 ? "-" : mode_name[r->mode], r->o.info);
@@ -69,6 +61,7 @@ void emit(const ctx_t *x, const result_t *res, int nres, const totals_t *t, cons
     json_object_set_new(root, "features", json_integer(x->features));
     json_object_set_new(root, "pass", json_integer(t->pass));
     json_object_set_new(root, "known", json_integer(t->known));
+    json_object_set_new(root, "varies", json_integer(t->varies));
     json_object_set_new(root, "fail", json_integer(t->fail));
     json_object_set_new(root, "skip", json_integer(t->skip));
     for (int i = 0; i < nres; i++) {
@@ -87,6 +80,7 @@ void emit(const ctx_t *x, const result_t *res, int nres, const totals_t *t, cons
       json_object_set_new(o, "why", json_string(r->why));
       json_object_set_new(o, "ms", json_real(r->ms));
       json_object_set_new(o, "rev", json_integer(r->rev));
+      json_object_set_new(o, "features", json_integer(r->features));
       json_array_append_new(arr, o);
     }
     json_object_set_new(root, "results", arr);
