@@ -27,7 +27,7 @@ file(MAKE_DIRECTORY "${WORK}")
 set(script [=[
 store=$1 client=$2 work=$3
 export NCFSM_STORE_TOKEN="ncfsm-ctest-$$" NCFSM_BACKEND=sim
-unset NCFSM_STORE_ADDR NCFSM_STORE_HOST PMIX_RANK
+unset NCFSM_STORE_ADDR NCFSM_STORE_HOST NCFSM_BOOTSTRAP PMIX_RANK
 "$store" --listen 127.0.0.1:0 --print-port >"$work/port" 2>"$work/store.err" &
 spid=$!
 trap 'kill -TERM $spid 2>/dev/null' EXIT HUP INT TERM
