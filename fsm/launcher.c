@@ -51,19 +51,6 @@ static bool batch_ready(const ncfsm__batch *b) {
   return true;
 }
 
-/* The comms of b are exactly set[0..n). */
-static bool same_comms(const ncfsm__batch *b, ncfsm_comm *const *set, int n) {
-  if (b->nlive != n) return false;
-  for (int i = 0; i < b->nlinks; i++) {
-    if (!b->links[i].c) continue;
-    int j;
-    for (j = 0; j < n; j++)
-      if (set[j] == b->links[i].c) break;
-    if (j == n) return false;
-  }
-  return true;
-}
-
 /* Pop b (a ready batch) from its comms' queues onto the taken list. */
 static void take_batch(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work **head, ncfsm_work **tail) {
   for (int i = 0; i < b->nlinks; i++) {
@@ -199,44 +186,21 @@ static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, 
   loop->poll_iter = 0; /* progress: restart the burst of immediate polls */
 }
 
-/* Launch c's head batch b, with the batches behind it over the same comms
- * (up to coalesce_max ops, split at an R12 dependency), as long as they were
- * submitted before every other launchable batch (limit): launches follow
- * submission order across comms, which matters where comms share a stream. */
-static void launch_one(ncfsm_loop *loop, ncfsm_comm *c, uint64_t limit) {
-  ncfsm__batch *b = c->bq_head->b;
-  ncfsm_comm *stack_set[16], **set = stack_set;
-  if (b->nlive > 16 && !(set = malloc((size_t)b->nlive * sizeof *set))) {
-    loop->kick = true; /* try again next turn */
-    return;
-  }
-  int n = 0;
-  for (int i = 0; i < b->nlinks; i++)
-    if (b->links[i].c) set[n++] = b->links[i].c;
-  ncfsm__spanset_reset(loop->spans);
-  ncfsm__spanset_take(loop->spans, b); /* the first batch always goes */
-  ncfsm_work *head = NULL, *tail = NULL;
-  unsigned ntaken = (unsigned)b->nworks;
-  take_batch(loop, b, &head, &tail);
-  while (c->bq_head && ntaken < loop->opts.coalesce_max) {
-    ncfsm__batch *nb = c->bq_head->b;
-    if (nb->order > limit || !same_comms(nb, set, n) || !batch_ready(nb) ||
-        ntaken + (unsigned)nb->nworks > loop->opts.coalesce_max ||
-        ncfsm__spanset_take(loop->spans, nb)) /* R12: split at a dependency */
-      break;
-    ntaken += (unsigned)nb->nworks;
-    take_batch(loop, nb, &head, &tail);
-  }
-  launch_taken(loop, head, set, n);
-  if (set != stack_set) free(set);
+/* Single ops that are the same protocol instance on local ranks of one
+ * clique: the comms share the unique id, and the ops the same sequence
+ * number and kind. */
+static bool same_instance(const ncfsm_work *a, const ncfsm_work *b) {
+  return a->comm->be == b->comm->be && a->comm->opts.blocking == b->comm->opts.blocking &&
+         a->fp.seq == b->fp.seq && a->fp.op == b->fp.op && a->fp.peer < 0 && b->fp.peer < 0 &&
+         !memcmp(&a->comm->uid, &b->comm->uid, sizeof a->comm->uid);
 }
 
-/* The comm whose head batch can launch and was submitted first; *limit is
- * the order of the next such head of another comm (or none: UINT64_MAX). */
 static bool head_ready(const ncfsm_comm *c) {
   return c->bq_head && launchable(c) && batch_ready(c->bq_head->b);
 }
 
+/* The comm whose head batch can launch and was submitted first; *limit is
+ * the order of the next such head of another comm (or none: UINT64_MAX). */
 static ncfsm_comm *next_launch(ncfsm_loop *loop, uint64_t *limit) {
   ncfsm_comm *best = NULL;
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
@@ -248,6 +212,82 @@ static ncfsm_comm *next_launch(ncfsm_loop *loop, uint64_t *limit) {
     if (c->bq_head && c->bq_head->b != first && c->bq_head->b->order < *limit && head_ready(c))
       *limit = c->bq_head->b->order;
   return best;
+}
+
+/*
+ * Launch c's head batch b as one backend group, with:
+ *  - the head batches of the other local ranks of c's clique that hold the
+ *    same protocol instance (same seq): one thread driving several GPUs puts
+ *    each instance's ops in one group, as NCCL asks of such programs. A rank
+ *    whose op is not submitted yet is not waited for (R13: local ranks may
+ *    drift; measured on 2 H200s: separate launches of warm comms are fine);
+ *  - with coalesce_max > 1, when every rank of the clique is in this launch,
+ *    the next instances of all of them (up to coalesce_max ops, split at an
+ *    R12 dependency). Ops of one comm are never grouped otherwise: NCCL
+ *    matches the collectives of a group across ranks only when every rank
+ *    groups the same ones, and ranks in other processes or threads group by
+ *    their own timing (measured on 2.28.9: wrong data).
+ */
+static void launch_one(ncfsm_loop *loop, ncfsm_comm *c, uint64_t limit) {
+  ncfsm__batch *b = c->bq_head->b;
+  int cap = b->nlive > loop->ncomms ? b->nlive : loop->ncomms;
+  ncfsm_comm *stack_set[16], **set = stack_set;
+  if (cap > 16 && !(set = malloc((size_t)cap * sizeof *set))) {
+    loop->kick = true; /* try again next turn */
+    return;
+  }
+  int n = 0;
+  for (int i = 0; i < b->nlinks; i++)
+    if (b->links[i].c) set[n++] = b->links[i].c;
+  ncfsm_work *head = NULL, *tail = NULL;
+  unsigned ntaken = (unsigned)b->nworks;
+  bool single = !b->explicit_group;
+  ncfsm_work *w0 = b->head;
+  take_batch(loop, b, &head, &tail);
+  if (single) {
+    for (ncfsm_comm *d = loop->comms; d && n < cap; d = d->next) {
+      if (d == c || !head_ready(d) || d->bq_head->b->explicit_group) continue;
+      ncfsm__batch *db = d->bq_head->b;
+      if (!same_instance(w0, db->head)) continue;
+      set[n++] = d;
+      ntaken += (unsigned)db->nworks;
+      take_batch(loop, db, &head, &tail);
+    }
+  }
+  if (single && n == c->nranks && loop->opts.coalesce_max > 1) {
+    /* Every rank of the clique is here: the instances after this one join
+     * the group for all ranks at once, so every rank's group holds the same
+     * ops (a condition of NCCL's matching), and only while they were
+     * submitted before every other comm's launchable head. */
+    uint64_t lim = UINT64_MAX;
+    for (ncfsm_comm *d = loop->comms; d; d = d->next) {
+      bool in = false;
+      for (int i = 0; i < n && !in; i++) in = set[i] == d;
+      if (!in && head_ready(d) && d->bq_head->b->order < lim) lim = d->bq_head->b->order;
+    }
+    (void)limit;
+    ncfsm__spanset_reset(loop->spans);
+    for (ncfsm_work *w = head; w; w = w->bnext) {
+      ncfsm__batch one = {.head = w, .tail = w, .nworks = 1};
+      ncfsm__spanset_take(loop->spans, &one);
+    }
+    while (ntaken + (unsigned)n <= loop->opts.coalesce_max) {
+      const ncfsm_work *next0 = set[0]->bq_head ? set[0]->bq_head->b->head : NULL;
+      bool ok = next0 != NULL;
+      for (int i = 0; i < n && ok; i++) {
+        ncfsm__blink *l = set[i]->bq_head;
+        ok = l && !l->b->explicit_group && l->b->order < lim && batch_ready(l->b) &&
+             same_instance(next0, l->b->head) && !ncfsm__spanset_take(loop->spans, l->b); /* R12 */
+      }
+      if (!ok) break;
+      for (int i = 0; i < n; i++) {
+        ntaken += (unsigned)set[i]->bq_head->b->nworks;
+        take_batch(loop, set[i]->bq_head->b, &head, &tail);
+      }
+    }
+  }
+  launch_taken(loop, head, set, n);
+  if (set != stack_set) free(set);
 }
 
 /* ---- inits ------------------------------------------------------------------------ */

@@ -144,7 +144,12 @@ typedef struct ncfsm_loop_opts {
   unsigned poll_burst;             /* immediate re-polls before backing off (default 64) */
   unsigned poll_burst_us;          /* ... and at least this long after the last progress (default 200) */
   unsigned poll_max_us;            /* longest poll interval (default 100) */
-  unsigned coalesce_max;           /* most ops launched in one backend group (default 64; 1 = off) */
+  unsigned coalesce_max;           /* most ops in one backend group when every rank of a clique is on
+                                      this loop: consecutive instances of all ranks launch together
+                                      (default 64; 1 = off; NCFSM_COALESCE_MAX). Ungrouped ops of a
+                                      rank whose peers are elsewhere are never coalesced: NCCL matches
+                                      a group's ops across ranks only when every rank groups the same
+                                      ones (docs/design.md) */
 } ncfsm_loop_opts;
 
 void ncfsm_loop_opts_init(ncfsm_loop_opts *o); /* defaults, then NCFSM_* environment */

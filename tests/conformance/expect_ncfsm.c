@@ -15,7 +15,7 @@
 
 const ncfsm_expect_t ncfsm_expectations[] = {
     {"init",
-     {"init_all=OK", "INIT_IN_PROGRESS->READY,READY", "n/a", "healthy"},
+     {"init_all=OK", "INIT_QUEUED->READY,READY", "n/a", "healthy"},
      {0},
      "comm states: ncfsm_comm_init_all returns with both comms in INIT_IN_PROGRESS (the first name in async), "
      "then READY; a state before INIT_IN_PROGRESS (e.g. INIT_QUEUED) changes that name"},
@@ -56,14 +56,14 @@ const ncfsm_expect_t ncfsm_expectations[] = {
      {0},
      "the launcher splits dependent submissions into ordered launches"},
     {"finalize_once",
-     {"finalize=OK,OK wait=OK,OK", "FINALIZING->FINALIZED,FINALIZED", "n/a", "finalized"},
+     {"finalize=OK,OK wait=OK,OK", "DRAINING->FINALIZED,FINALIZED", "n/a", "finalized"},
      {0},
-     "comm states: ncfsm_comm_finalize from READY (no works) leaves the comm in FINALIZING (the first name in "
+     "comm states: ncfsm_comm_finalize from READY (no works) leaves the comm in DRAINING (the first name in "
      "async), then FINALIZED; a new state in between (e.g. DRAINING) changes that name"},
     {"finalize_twice",
-     {"finalize=OK,OK again(r0, in FINALIZING)=ILLEGAL_STATE msg=R4", "->FINALIZED,FINALIZED", "n/a", "finalized"},
+     {"finalize=OK,OK again(r0, in DRAINING)=ILLEGAL_STATE msg=R4", "->FINALIZED,FINALIZED", "n/a", "finalized"},
      {0},
-     "legality table: finalize in FINALIZING is NCFSM_ERR_ILLEGAL_STATE, '(R4)' in the comm's last error; the "
+     "legality table: finalize in DRAINING is NCFSM_ERR_ILLEGAL_STATE, '(R4)' in the comm's last error; the "
      "state right after the first finalize is FINALIZING"},
     {"destroy_after_finalize",
      {"finalize->FINALIZED destroy=OK,OK", "n/a", "n/a", "closed"},
