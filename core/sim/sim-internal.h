@@ -4,7 +4,7 @@
  * One process-wide mutex (ncfsm__sim_mu) protects every process-local object
  * below; every function declared here expects it held unless its comment says
  * otherwise. Shared (cross-process) state has its own robust mutex (shm_hdr.mu).
- * Rule ids (R1..R12) refer to shared/design/NCCL-RULES.md.
+ * Rule ids (R1..R13) refer to shared/design/NCCL-RULES.md.
  */
 #ifndef NCFSM_CORE_SIM_INTERNAL_H
 #define NCFSM_CORE_SIM_INTERNAL_H
@@ -70,7 +70,7 @@ struct sim_unit;
 typedef uint64_t shm_off;
 
 #define SIM_SHM_MAGIC 0x4d485353u /* "SSHM" */
-#define SIM_SHM_VERSION 1u
+#define SIM_SHM_VERSION 2u
 #define SIM_SHM_PREFIX "ncfsm-sim-"
 #define SIM_SHM_NAME_MAX 64
 
@@ -80,6 +80,16 @@ enum {
   SHM_OP_INVISIBLE = 1u << 2, /* never_arrive: never matches */
   SHM_OP_DEAD = 1u << 3       /* injected async error: never executes (R10) */
 };
+
+/* Header of an arena block (SHM_ALIGN bytes). `next` links free blocks
+ * (address order); an allocated block holds SHM_BLK_USED there instead, so
+ * that recovery can tell a live reference from a stale one. */
+#define SHM_ALIGN 64u
+#define SHM_BLK_USED 0x5553454455534544ull /* "DESUDESU" */
+typedef struct shm_blk {
+  uint64_t size; /* whole block, header included */
+  shm_off next;
+} shm_blk;
 
 /* One posted op of one rank, as every process sees it. */
 typedef struct shm_op {
@@ -99,6 +109,18 @@ typedef struct shm_rank {
   shm_off head, tail;   /* posted ops not yet collected */
 } shm_rank;
 
+/* The commit record of one executing instance (sim_exec.c): written, then
+ * made valid, then applied to its ops, then cleared. A process that dies
+ * between valid and clear leaves it for the next lock holder, which applies
+ * it again (every step is idempotent), so an instance is executed on all of
+ * its ops or on none (docs/sim.md, "A dead rank"). */
+typedef struct shm_journal {
+  uint32_t valid, nops;
+  shm_off res;          /* the result block (0: none) */
+  uint64_t done_seq0;   /* done_seq of ops[0]; ops[k] gets done_seq0 + k */
+  /* then ops[cap], roff[cap], rlen[cap] (uint64_t each), cap = shm_hdr.jcap */
+} shm_journal;
+
 typedef struct shm_hdr {
   uint32_t magic, version;
   uint32_t ready;       /* set (release) by the creator once initialised */
@@ -111,12 +133,19 @@ typedef struct shm_hdr {
   uint64_t backed;      /* bytes reserved with posix_fallocate (no SIGBUS on a full /dev/shm) */
   shm_off free_head;    /* free blocks, sorted by offset */
   uint64_t used;        /* arena bytes allocated */
+  shm_off jrn_off;      /* the commit record (shm_journal) */
+  uint32_t jcap;        /* its capacity in ops: max(nranks, 2) */
+  uint32_t recoveries;  /* times a lock holder's death was repaired */
   pthread_mutex_t mu;   /* PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST */
   shm_rank rank[];      /* nranks */
 } shm_hdr;
 
 #define SHM_PTR(q, off) ((void *)((char *)(q)->h + (off)))
 #define SHM_OP(q, off) ((shm_op *)SHM_PTR(q, off))
+#define SHM_JRN(q) ((shm_journal *)SHM_PTR(q, (q)->h->jrn_off))
+#define SHM_JRN_OPS(q) ((uint64_t *)(SHM_JRN(q) + 1))
+#define SHM_JRN_ROFF(q) (SHM_JRN_OPS(q) + (q)->h->jcap)
+#define SHM_JRN_RLEN(q) (SHM_JRN_ROFF(q) + (q)->h->jcap)
 
 /* One operation of one rank (process-local: it holds the user's pointers). */
 typedef struct sim_op {
@@ -133,6 +162,7 @@ typedef struct sim_op {
   unsigned invisible : 1; /* never_arrive: peers never see it */
   unsigned dead : 1;      /* hit by an injected async error: never executes (R10) */
   unsigned deposited : 1; /* its send data is in the arena */
+  unsigned counted : 1;   /* posted and counted in its comm's `outstanding` (R13) */
 } sim_op;
 
 /* The ops of one group end (or implicit group) of one comm, in call order. */
@@ -153,6 +183,16 @@ typedef enum sim_phase {
 } sim_phase;
 
 typedef struct sim_clique sim_clique;
+struct sim_comm;
+
+/* The comms of one outermost group end whose launches are staged (R13): NCCL
+ * launches them on one helper thread, so the group end stays InProgress for
+ * all of them while any of them is held by the drift limit, and they are
+ * posted together. Members leave it when posted, dropped or closed. */
+typedef struct sim_lgroup {
+  int n, live;
+  struct sim_comm *m[];
+} sim_lgroup;
 
 typedef struct sim_comm {
   uint32_t magic;
@@ -181,6 +221,12 @@ typedef struct sim_comm {
   sim_unit *pending; /* ops of the open group, not posted */
   sim_unit *staged;  /* ops of an InProgress group end, posted when launch_polls ran out */
   sim_unit *units, *units_tail; /* posted launch units, oldest first */
+  sim_lgroup *lg;    /* the group end its staged unit belongs to (R13) */
+  uint64_t outstanding; /* posted ops not executed or dropped yet (R13) */
+  long long drift_limit; /* NCFSM_SIM_DRIFT_LIMIT at init; <= 0: off */
+  int held;          /* its launch is held by the drift limit (logged once) */
+  int pid;           /* the process that created it */
+  uint64_t fork_gen; /* ncfsm__sim_fork_gen at creation: differs in a forked child */
   uint64_t nposted, ncoll, nunits;
   uint64_t *nsend, *nrecv; /* per peer: sends/recvs posted */
 
@@ -204,6 +250,12 @@ struct sim_clique {
 
 extern pthread_mutex_t ncfsm__sim_mu;
 extern sim_clique *ncfsm__sim_cliques;
+/* Cliques this process inherited through fork(): never progressed, never
+ * touched in shared memory; unmapped with the child's last copy of a comm. */
+extern sim_clique *ncfsm__sim_inherited;
+/* Incremented in a forked child (pthread_atfork): a comm whose fork_gen
+ * differs belongs to the parent process. */
+extern uint64_t ncfsm__sim_fork_gen;
 
 /* sim.c */
 /* Record a WARN as NCCL does: last-error text, stderr when NCCL_DEBUG is
@@ -216,10 +268,12 @@ void ncfsm__sim_shm_name(const unsigned char *key, char *buf, size_t len);
 /* Attach to (or create) the clique's segment; adds it to ncfsm__sim_cliques.
  * On failure returns ncclSystemError after a WARN. */
 int ncfsm__sim_shm_attach(const unsigned char *key, int nranks, uint64_t seed, sim_clique **out);
-/* Unmap, close, drop from ncfsm__sim_cliques and free (the segment stays). */
+/* Unmap, close, drop from ncfsm__sim_cliques (or ncfsm__sim_inherited) and
+ * free (the segment stays). */
 void ncfsm__sim_shm_detach(sim_clique *q);
-/* Take / release the segment's robust mutex. A dead holder (EOWNERDEAD)
- * marks its process's ranks dead. -1 (after a WARN) when unrecoverable. */
+/* Take / release the segment's robust mutex. A dead holder (EOWNERDEAD):
+ * the shared state is repaired (ncfsm__sim_shm_recover) and its process's
+ * ranks are marked dead. -1 (after a WARN) when unrecoverable. */
 int ncfsm__sim_shm_lock(sim_clique *q);
 void ncfsm__sim_shm_unlock(sim_clique *q);
 /* Arena allocation (shm locked). 0 on failure; *nospace is set when
@@ -234,6 +288,37 @@ void ncfsm__sim_shm_check_peers(sim_clique *q);
 void ncfsm__sim_shm_sweep(void);
 /* Release a posted op's shared state (send copy, result ref, descriptor). */
 void ncfsm__sim_shm_op_release(sim_clique *q, shm_off off);
+/* Repair the segment after a lock holder died mid-update (shm locked):
+ * applies a valid commit record, cuts each rank's op list at its first
+ * invalid link and relinks it, drops references to blocks that are not
+ * allocated, recounts result references and clique counters, and rebuilds
+ * the free list and `used` from the blocks still referenced (everything else
+ * is free). Returns the number of repairs made (0: it was consistent). */
+int ncfsm__sim_shm_recover(sim_clique *q);
+/* Apply the valid commit record to its ops (shm locked): executed, results
+ * attached, inputs freed (free_inputs) or only forgotten (recovery), then
+ * the record is cleared. Nothing when it is not valid. */
+void ncfsm__sim_shm_commit(sim_clique *q, int free_inputs);
+/* Check the segment's invariants (shm locked): 0 when consistent, else -1
+ * with the first violation in why. Tests use it. */
+int ncfsm__sim_shm_check(sim_clique *q, char *why, size_t why_len);
+
+/* Test hook: the calling process _exit()s with SIM_CRASH_EXIT inside the
+ * clique's critical section, in the middle of an update, the nth time
+ * (1-based) it reaches `point`; SIM_CRASH_NONE disarms. Process-local. */
+enum {
+  SIM_CRASH_NONE = 0,
+  SIM_CRASH_ALLOC_SPLIT, /* allocator: a block was split, the free list not yet updated */
+  SIM_CRASH_FREE_MERGE,  /* allocator: merged into the previous free block, its link not yet fixed */
+  SIM_CRASH_UNLINK,      /* a rank's op list: half of an unlink done */
+  SIM_CRASH_EXEC         /* an instance: some of its ops marked executed, not all */
+};
+#define SIM_CRASH_EXIT 77
+void ncfsm__sim_shm_crash_at(int point, uint64_t nth);
+/* Reached at the points above (cheap when disarmed). */
+extern int ncfsm__sim_crash_point;
+void ncfsm__sim_crash_hit(int point);
+#define SIM_CRASH_POINT(p)                                                    do {                                                                          if (__builtin_expect(ncfsm__sim_crash_point == (p), 0)) ncfsm__sim_crash_hit(p);   } while (0)
 
 /* sim_exec.c */
 /* Run every executable instance of every clique until nothing executes (R11, R12). */

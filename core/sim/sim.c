@@ -4,14 +4,15 @@
  * docs/sim.md for what it models and what it does not.
  *
  * This file: cliques, communicators, the thread-local group state (R3), the
- * async state machine (R1, R2), argument checks, finalize/destroy/abort/revoke
- * (R4, R5, R6) and the backend table. Execution and data movement live in
+ * async state machine (R1, R2), the drift limit of launches (R13), argument
+ * checks, finalize/destroy/abort/revoke (R4, R5, R6), fork handling and the
+ * backend table. Execution and data movement live in
  * sim_exec.c, streams and events in sim_stream.c, types in sim_reduce.c.
  *
  * One process-wide mutex protects all sim state; ranks of a clique may be
  * driven by one thread or several. Progress runs only inside
  * get_async_error and event_query (and blocking waits): no helper threads.
- * Rule ids (R1..R12) refer to shared/design/NCCL-RULES.md.
+ * Rule ids (R1..R13) refer to shared/design/NCCL-RULES.md.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -41,6 +42,8 @@ enum {
 
 pthread_mutex_t ncfsm__sim_mu = PTHREAD_MUTEX_INITIALIZER;
 sim_clique *ncfsm__sim_cliques;
+sim_clique *ncfsm__sim_inherited;
+uint64_t ncfsm__sim_fork_gen;
 
 #define LOCK() pthread_mutex_lock(&ncfsm__sim_mu)
 #define UNLOCK() pthread_mutex_unlock(&ncfsm__sim_mu)
@@ -54,6 +57,50 @@ static __thread int g_blocking = -1; /* ncclGroupBlocking: -1 unset, 0 nonblocki
 static __thread int g_dirty;         /* g_blocking was left set by a refused destroy (R4) */
 static __thread sim_comm *g_head;    /* comms touched by the open group */
 static __thread uint64_t g_nstarts, g_nends; /* explicit calls in the open group (stats) */
+
+/* ---- fork ---------------------------------------------------------------------
+ * A child forked from a process with sim comms inherits their memory and the
+ * mappings of their cliques, but not their ranks: it must not progress,
+ * post to or leave those cliques. At fork the sim's mutex is held (so no
+ * other thread of the parent is inside the sim), and in the child the
+ * inherited cliques move to ncfsm__sim_inherited and ncfsm__sim_fork_gen
+ * changes: every call on an inherited comm but abort returns
+ * ncclInvalidUsage with a WARN, and abort frees the child's copy only. */
+static void atfork_prepare(void) { LOCK(); }
+static void atfork_parent(void) { UNLOCK(); }
+static void atfork_child(void) {
+  ncfsm__sim_fork_gen++;
+  if (ncfsm__sim_cliques) {
+    sim_clique **tail = &ncfsm__sim_inherited;
+    while (*tail) tail = &(*tail)->next;
+    *tail = ncfsm__sim_cliques;
+    ncfsm__sim_cliques = NULL;
+  }
+  for (sim_comm *c = g_head, *nx; c; c = nx) { /* an open group of the forking thread */
+    nx = c->grp_next;
+    c->grp_next = NULL;
+    c->in_group = 0;
+  }
+  g_head = NULL;
+  g_depth = 0;
+  g_err = 0;
+  g_blocking = -1;
+  g_dirty = 0;
+  g_nstarts = g_nends = 0;
+  UNLOCK();
+}
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+static void atfork_register(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+static int comm_foreign(const sim_comm *c) { return c->fork_gen != ncfsm__sim_fork_gen; }
+
+static int foreign_reject(const sim_comm *c, const char *call) {
+  ncfsm__sim_warn("%s: this communicator (rank %d) belongs to process %d, and this process (%d) is a "
+                  "fork of it: a forked child must not use its parent's communicators (make new ones "
+                  "from a unique id; only ncclCommAbort is allowed, and frees this process's copy)",
+                  call, c->rank, c->pid, (int)getpid());
+  return E_USAGE;
+}
 
 static const char *const op_names[NCFSM_OPKIND_COUNT] = {
     "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
@@ -203,9 +250,13 @@ static unsigned sim_comm_features(void *bcomm) {
   return f;
 }
 
+static void lg_leave(sim_comm *c);
+
 /* Drop every op not executed yet: posted ops complete on their streams with
  * no data, so the streams drain (R5); unposted ops are discarded. */
 static void comm_drop_ops(sim_comm *c) {
+  lg_leave(c);
+  c->held = 0;
   for (sim_unit *u = c->units, *nx; u; u = nx) {
     nx = u->next;
     ncfsm__sim_unit_drop(u);
@@ -223,9 +274,26 @@ static void comm_free(sim_comm *c) {
   free(c);
 }
 
+/* A forked child's copy of its parent's comm: forget its shared parts
+ * without touching them (they are the parent's), then drop what is local. */
+static void comm_forget_shared(sim_comm *c) {
+  sim_unit *lists[] = {c->units, c->staged, c->pending};
+  for (int i = 0; i < 3; i++)
+    for (sim_unit *u = lists[i]; u; u = i ? NULL : u->next)
+      for (sim_op *o = u->head; o; o = o->next) o->sh = 0;
+  comm_drop_ops(c);
+  sim_clique *q = c->q;
+  c->q = NULL;
+  if (q) {
+    q->slot[c->rank] = NULL;
+    if (--q->nlocal <= 0) ncfsm__sim_shm_detach(q);
+  }
+}
+
 /* Remove c for good (destroy, abort). While it sits in an open group its
  * memory is kept (zombie) and freed by that group's end. */
 static void comm_close(sim_comm *c) {
+  if (comm_foreign(c)) comm_forget_shared(c);
   comm_drop_ops(c);
   clique_leave(c);
   if (c->in_group) {
@@ -264,6 +332,8 @@ static void comm_post(sim_comm *c, sim_unit *u) {
   for (sim_op *o = u->head; o; o = o->next) {
     o->unit = u;
     o->seq = c->nposted++;
+    o->counted = 1; /* R13: launched, not executed yet */
+    c->outstanding++;
     if (o->a.stream && ncfsm__sim_stream_enqueue(o->a.stream, &o->ticket) == 0)
       o->s = o->a.stream; /* else (out of memory): not tracked by the stream */
     switch (o->a.kind) {
@@ -316,6 +386,84 @@ static void comm_post(sim_comm *c, sim_unit *u) {
   NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d posted %zu op(s)", c->rank, u->n);
 }
 
+/* ---- the drift limit (R13) ---------------------------------------------------------
+ * Measured on 2.28.3 and 2.28.9: one thread, 2 nonblocking comms of one
+ * clique; rank 0 alone got 1,022 launches final, the 1,023rd stayed
+ * InProgress (no error) until the peer launched, then became final. The sim
+ * counts each comm's launched ops that have not executed (matched by every
+ * peer) yet; a launch that would raise that count above the comm's drift
+ * limit (NCFSM_SIM_DRIFT_LIMIT, default 1022) is held: its group end stays
+ * InProgress, and so do all the comms of that group end, which post together
+ * once none of them is held (NCCL's group helper thread launches them all).
+ * A launch onto a comm with nothing outstanding is never held, so a single
+ * group larger than the limit still runs. */
+static int drift_over(const sim_comm *c, size_t n) {
+  if (c->drift_limit <= 0 || !n || !c->outstanding) return 0;
+  return c->outstanding + n > (uint64_t)c->drift_limit;
+}
+
+static void lg_leave(sim_comm *c) {
+  sim_lgroup *lg = c->lg;
+  if (!lg) return;
+  c->lg = NULL;
+  for (int i = 0; i < lg->n; i++)
+    if (lg->m[i] == c) lg->m[i] = NULL;
+  if (--lg->live == 0) free(lg);
+}
+
+/* The comm of c's group end (c itself when it has none) whose staged launch
+ * is over its drift limit, or NULL. */
+static sim_comm *launch_held_by(sim_comm *c) {
+  if (!c->lg) return c->staged && drift_over(c, c->staged->n) ? c : NULL;
+  for (int i = 0; i < c->lg->n; i++) {
+    sim_comm *m = c->lg->m[i];
+    if (m && m->phase == SIM_PH_LAUNCH && m->staged && drift_over(m, m->staged->n)) return m;
+  }
+  return NULL;
+}
+
+static void note_held(sim_comm *c, const sim_comm *by) {
+  if (c->held) return;
+  c->held = 1;
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d: launch held in progress: rank %d%s has %llu launched op(s) "
+             "not matched by its peers, and %zu more would exceed the drift limit %lld (R13)", c->rank,
+             by->rank, by == c ? "" : " of the same group end", (unsigned long long)by->outstanding,
+             by->staged ? by->staged->n : (size_t)0, by->drift_limit);
+}
+
+/* Post c's staged unit; returns the launch's final async state. */
+static int launch_post(sim_comm *c) {
+  sim_unit *u = c->staged;
+  c->staged = NULL;
+  c->held = 0;
+  lg_leave(c);
+  c->state = OK;
+  comm_post(c, u); /* may set an injected async error */
+  return c->state;
+}
+
+/* The InProgress phase ends with `final` (R2 poisoning applied). */
+static void phase_end(sim_comm *c, int final) {
+  static const char *const phase_names[] = {"none", "init", "launch", "finalize", "revoke"};
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d %s done%s", c->rank, phase_names[c->phase],
+             c->poisoned ? " (poisoned, R2)" : "");
+  c->phase = SIM_PH_NONE;
+  c->armed = 0;
+  if (c->poisoned && final == OK) final = E_ARG; /* R2 poisoning */
+  c->poisoned = 0;
+  c->state = final;
+}
+
+/* c's group end may launch: post every staged member, c last. */
+static int launch_group(sim_comm *c) {
+  if (c->lg)
+    for (int i = 0; i < c->lg->n; i++) { /* c stays a member until its own post: lg lives */
+      sim_comm *m = c->lg->m[i];
+      if (m && m != c && m->phase == SIM_PH_LAUNCH && m->staged) phase_end(m, launch_post(m));
+    }
+  return launch_post(c);
+}
+
 /* One poll of a comm's InProgress phase (R1): the first `countdown` polls
  * still return InProgress; a later one ends the phase once its condition holds. */
 static void comm_tick(sim_comm *c) {
@@ -338,24 +486,18 @@ static void comm_tick(sim_comm *c) {
     c->finalized = 1;
     break;
   case SIM_PH_LAUNCH: {
-    sim_unit *u = c->staged;
-    c->staged = NULL;
-    c->state = OK;
-    comm_post(c, u); /* may set an injected async error */
-    if (c->state != OK) final = c->state;
+    sim_comm *by = launch_held_by(c);
+    if (by) { /* R13: InProgress, no error, until the peers caught up */
+      note_held(c, by);
+      return;
+    }
+    final = launch_group(c);
     break;
   }
   case SIM_PH_REVOKE: final = c->revoke_prev; break;
   default: break;
   }
-  static const char *const phase_names[] = {"none", "init", "launch", "finalize", "revoke"};
-  NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d %s done%s", c->rank, phase_names[c->phase],
-             c->poisoned ? " (poisoned, R2)" : "");
-  c->phase = SIM_PH_NONE;
-  c->armed = 0;
-  if (c->poisoned && final == OK) final = E_ARG; /* R2 poisoning */
-  c->poisoned = 0;
-  c->state = final;
+  phase_end(c, final);
 }
 
 /* ---- thread-local groups (R3) ------------------------------------------------------ */
@@ -427,10 +569,98 @@ static int wait_blocking_inits(sim_comm *list) {
   return rc;
 }
 
+/* Outermost group end, blocking comms (R13): NCCL's group end does not return
+ * while a launch is held; the sim waits (lock released, progress running)
+ * until every staged blocking comm of the group is within its drift limit,
+ * then posts them; after NCFSM_SIM_WAIT_MS it gives up with ncclSystemError
+ * (real NCCL would wait for ever). */
+static int wait_blocking_launches(sim_comm *list) {
+  uint64_t deadline = 0;
+  for (;;) {
+    sim_comm *held = NULL;
+    for (sim_comm *c = list; c && !held; c = c->grp_next)
+      if (!c->zombie && c->blocking && c->staged && c->state == OK && drift_over(c, c->staged->n)) held = c;
+    if (!held) break;
+    uint64_t now = ncfsm__now_ns();
+    if (!deadline) {
+      deadline = now + (uint64_t)wait_limit_ms() * 1000000ull;
+      NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d: blocking launch waits: %llu launched op(s) not matched "
+                 "by its peers, drift limit %lld (R13)", held->rank, (unsigned long long)held->outstanding,
+                 held->drift_limit);
+    }
+    if (now >= deadline) {
+      ncfsm__sim_warn("ncclGroupEnd: rank %d has %llu launched operations that its peers have not "
+                      "matched; %zu more exceed the sim's drift limit %lld and its launch waited %lld ms "
+                      "for the peers (NCFSM_SIM_DRIFT_LIMIT, NCFSM_SIM_WAIT_MS; R13: NCCL would wait for "
+                      "ever)", held->rank, (unsigned long long)held->outstanding, held->staged->n,
+                      held->drift_limit, wait_limit_ms());
+      for (sim_comm *c = list; c; c = c->grp_next)
+        if (!c->zombie && c->blocking && c->staged) {
+          ncfsm__sim_unit_drop(c->staged);
+          c->staged = NULL;
+          if (c->state == OK) c->state = E_SYSTEM;
+        }
+      return E_SYSTEM;
+    }
+    UNLOCK();
+    sleep_1ms();
+    LOCK();
+    ncfsm__sim_progress();
+  }
+  int rc = OK;
+  for (sim_comm *c = list; c; c = c->grp_next) {
+    if (c->zombie || !c->blocking || !c->staged) continue;
+    sim_unit *u = c->staged;
+    c->staged = NULL;
+    if (c->state != OK) { /* e.g. a peer died while it waited */
+      ncfsm__sim_unit_drop(u);
+      if (!rc) rc = c->state;
+      continue;
+    }
+    comm_post(c, u);
+  }
+  return rc;
+}
+
+/* Outermost group end, nonblocking comms: the nstaged comms of list whose
+ * launch was staged form one launch group (R13). With group_end_inprogress
+ * = 0 (2.22) a comm posts at once, unless the group is held. Returns 1 when
+ * a comm stays InProgress. */
+static int launch_stage(sim_comm *list, int nstaged) {
+  sim_lgroup *lg = calloc(1, sizeof *lg + (size_t)nstaged * sizeof lg->m[0]);
+  sim_comm *any = NULL;
+  for (sim_comm *c = list; c; c = c->grp_next) {
+    if (c->zombie || c->blocking || c->phase != SIM_PH_LAUNCH || !c->staged || c->lg) continue;
+    any = c;
+    if (lg && lg->n < nstaged) {
+      lg->m[lg->n++] = c;
+      c->lg = lg;
+    }
+  }
+  if (lg) {
+    lg->live = lg->n;
+    if (!lg->n) free(lg);
+  } /* out of memory: every comm is a launch of its own */
+  if (!any) return 0;
+  int ip = 0;
+  sim_comm *by = any->lg ? launch_held_by(any) : NULL;
+  for (sim_comm *c = list; c; c = c->grp_next) {
+    if (c->zombie || c->blocking || c->phase != SIM_PH_LAUNCH || !c->staged) continue;
+    sim_comm *cby = c->lg ? by : launch_held_by(c);
+    if (!c->o.group_end_inprogress && !cby) {
+      phase_end(c, launch_post(c)); /* 2.22: posted at once */
+      continue;
+    }
+    if (cby) note_held(c, cby);
+    ip = 1;
+  }
+  return ip;
+}
+
 /* The outermost ncclGroupEnd (explicit, or the implicit group of a single
  * call): launches the group, or on a stored error discards it. */
 static int group_finish(void) {
-  int rc = g_err, any_ip = 0, any_blocking_init = 0;
+  int rc = g_err, any_ip = 0, any_blocking_init = 0, nblocking = 0, nstaged = 0;
   sim_comm *list = g_head;
   uint64_t ns = g_nstarts, ne = g_nends;
   g_head = NULL; /* reset first: blocking waits below drop the lock */
@@ -468,24 +698,29 @@ static int group_finish(void) {
     if (c->pending) {
       sim_unit *u = c->pending;
       c->pending = NULL;
-      if (!c->blocking && c->o.group_end_inprogress) {
-        /* R1 (2.28): the group end returns InProgress; ops post after launch_polls. */
-        if (c->staged) { /* cannot happen: ops are rejected while InProgress (R2) */
-          ncfsm__sim_unit_drop(u);
-        } else {
-          c->staged = u;
-          c->state = IN_PROGRESS;
-          c->phase = SIM_PH_LAUNCH;
-          c->countdown = c->o.launch_polls;
-          c->armed = 1;
-        }
-        any_ip = 1;
+      if (c->staged) { /* cannot happen: ops are rejected while InProgress (R2) */
+        ncfsm__sim_unit_drop(u);
+        continue;
+      }
+      c->staged = u;
+      if (c->blocking) {
+        nblocking++; /* posted below, once not held (R13) */
       } else {
-        comm_post(c, u); /* blocking, or 2.22 behaviour: posted at once */
+        /* R1 (2.28): the group end returns InProgress; ops post after launch_polls. */
+        c->state = IN_PROGRESS;
+        c->phase = SIM_PH_LAUNCH;
+        c->countdown = c->o.group_end_inprogress ? c->o.launch_polls : 0;
+        c->armed = 1;
+        nstaged++;
       }
     }
   }
   if (!rc && any_blocking_init) rc = wait_blocking_inits(list);
+  if (nblocking) {
+    int brc = wait_blocking_launches(list);
+    if (!rc) rc = brc;
+  }
+  if (nstaged) any_ip |= launch_stage(list, nstaged);
   if (!rc && any_ip) rc = IN_PROGRESS;
   for (sim_comm *c = list, *nx; c; c = nx) {
     nx = c->grp_next;
@@ -554,6 +789,7 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
   }
   int blocking = cfg->blocking ? 1 : 0;
   if (group_mode_check(blocking)) return E_ARG; /* R3, and the R4 cascade */
+  pthread_once(&g_atfork_once, atfork_register);
 
   ncfsm_sim_opts o;
   if (cfg->sim) o = *cfg->sim;
@@ -612,6 +848,9 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
   c->blocking = blocking;
   c->device = cfg->device;
   c->o = o;
+  c->drift_limit = ncfsm__env_ll("NCFSM_SIM_DRIFT_LIMIT", 1022); /* R13 */
+  c->pid = (int)getpid();
+  c->fork_gen = ncfsm__sim_fork_gen;
   snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "");
   c->state = IN_PROGRESS;
   c->phase = SIM_PH_INIT;
@@ -670,6 +909,9 @@ static int sim_get_async_error(void *bcomm, int *state) {
   if (!c || !state) {
     ncfsm__sim_warn("ncclCommGetAsyncError : comm argument is NULL or not a sim communicator");
     rc = E_ARG;
+  } else if (comm_foreign(c)) {
+    rc = foreign_reject(c, "ncclCommGetAsyncError");
+    *state = rc;
   } else {
     c->st.polls++;
     ncfsm__sim_progress();
@@ -778,6 +1020,8 @@ static int arena_check(const sim_comm *c, const ncfsm__op *op) {
 
 /* ncclEnqueueCheck: CommCheck, ncclCommEnsureReady (R2), ArgsCheck, taskAppend. */
 static int op_admit(sim_comm *c, const ncfsm__op *op) {
+  if (comm_foreign(c))
+    return foreign_reject(c, (unsigned)op->kind < (unsigned)NCFSM_OPKIND_COUNT ? op_names[op->kind] : "op");
   if (c->state == IN_PROGRESS) {
     ncfsm__sim_warn(R2_WARN); /* R2 */
     return E_ARG;
@@ -856,7 +1100,9 @@ static int sim_finalize(void *bcomm) {
     rc = E_ARG;
   } else {
     c->st.finalizes++;
-    if (c->state == IN_PROGRESS) {
+    if (comm_foreign(c)) {
+      rc = foreign_reject(c, "ncclCommFinalize");
+    } else if (c->state == IN_PROGRESS) {
       ncfsm__sim_warn(R2_WARN); /* R2, and R4: a second finalize while the first runs */
       rc = E_ARG;
     } else if (c->state != OK) {
@@ -908,6 +1154,10 @@ static int sim_destroy(void *bcomm) {
     ncfsm__sim_warn("ncclCommDestroy : comm argument is NULL or not a sim communicator");
     rc = E_ARG;
     group_fail(NULL, rc);
+  } else if (comm_foreign(c)) {
+    c->st.destroys++;
+    rc = foreign_reject(c, "ncclCommDestroy");
+    group_fail(c, rc);
   } else if (c->state != OK) {
     /* R4: destroy is only legal in ncclSuccess. Rejected without destroying;
      * the thread's group mode is left dirty (measured cascade). */
@@ -957,6 +1207,10 @@ static int sim_revoke(void *bcomm, int flags) {
   if (!c) {
     ncfsm__sim_warn("ncclCommRevoke : comm argument is NULL or not a sim communicator");
     rc = E_ARG;
+  } else if (comm_foreign(c)) {
+    c->st.revokes++;
+    c->st.rejected++;
+    rc = foreign_reject(c, "ncclCommRevoke");
   } else if (c->st.revokes++, sim_version() < 22807 || !c->o.has_revoke) {
     /* R6: the modelled runtime has no ncclCommRevoke (2.28.3) */
     ncfsm__sim_warn("ncclCommRevoke not available (NCCL %d, needs >= 2.28.7) (R6)",

@@ -26,7 +26,11 @@
  * that a Broadcast root completes locally (R11: a root may return while its
  * peers hang). Ops of a never_arrive rank are invisible to peers; an op hit
  * by an injected async error never executes (R10). A rank whose process died
- * fails its peers' unfinished work with ncclRemoteError.
+ * fails its peers' unfinished work with ncclRemoteError. An op that executed
+ * (or was dropped) leaves its comm's count of outstanding ops, which the
+ * drift limit in sim.c reads (R13). An instance is committed through the
+ * segment's commit record (sim_shm.c), so that it executes on all of its ops
+ * or on none even when the process dies half-way.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +83,10 @@ static void op_complete(sim_op *o, int executed) {
   if (o->done) return;
   o->done = 1;
   o->unit->ndone++;
+  if (o->counted) { /* R13: one fewer launched op waiting for its peers */
+    o->counted = 0;
+    o->c->outstanding--;
+  }
   if (executed) o->c->st.executed++;
   if (o->s) ncfsm__sim_stream_complete(o->s, o->ticket);
 }
@@ -387,19 +395,20 @@ static int execute(sim_clique *q) {
   for (int i = 0; i < nv; i++) {
     int rc = compute(q, &v[i]);
     if (rc) continue; /* no room for the result yet: retried at the next step */
+    /* Commit through the record, so that a process dying half-way leaves an
+     * instance that the next lock holder completes (ncfsm__sim_shm_recover). */
+    shm_journal *j = SHM_JRN(q);
+    uint64_t *jo = SHM_JRN_OPS(q), *jr = SHM_JRN_ROFF(q), *jl = SHM_JRN_RLEN(q);
+    j->nops = (uint32_t)v[i].nops;
+    j->res = v[i].res;
+    j->done_seq0 = h->done_seq + 1;
     for (int k = 0; k < v[i].nops; k++) {
-      shm_op *o = v[i].ops[k];
-      o->flags |= SHM_OP_DONE;
-      o->done_seq = ++h->done_seq;
-      ncfsm__sim_shm_free(q, o->send); /* inputs are consumed */
-      o->send = 0;
-      o->send_len = 0;
-      if (v[i].res) {
-        o->res = v[i].res;
-        o->res_off = v[i].roff[k];
-        o->res_len = v[i].rlen[k];
-      }
+      jo[k] = (shm_off)((char *)v[i].ops[k] - (char *)h);
+      jr[k] = v[i].roff[k];
+      jl[k] = v[i].rlen[k];
     }
+    __atomic_store_n(&j->valid, 1, __ATOMIC_RELEASE);
+    ncfsm__sim_shm_commit(q, 1);
     executed++;
   }
 

@@ -6,14 +6,19 @@
  * backend, fault injection (async_error_at_op, never_arrive, fail_init), an
  * R11 mismatch, ranks killed with SIGKILL (holding the clique's lock, and
  * not), the arena bound, stale-segment cleanup, and that no /dev/shm file is
- * left behind.
+ * left behind. Also R13 across processes (the drift limit), a process that
+ * dies inside the clique's critical section half-way through an update (the
+ * survivors repair the segment and go on), and fork(): a child must not use
+ * its parent's communicators.
  *
  * Children never use cmocka asserts (a failing assert would longjmp into the
  * child's copy of the test runner): they print the failed check and exit 1.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -496,7 +501,8 @@ static void test_arena_bound(void **state) {
     assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], BIG, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL,
                                      NULL, &w[r]), NCFSM_OK);
   for (int r = 0; r < 2; r++) {
-    assert_int_equal(ncfsm_work_wait(w[r], WAIT_MS), NCFSM_ERR_BACKEND);
+    ncfsm_result_t wst = ncfsm_work_wait(w[r], WAIT_MS);
+    assert_true(wst == NCFSM_ERR_BACKEND || wst == NCFSM_ERR_ASYNC);
     ncfsm_work_release(w[r]);
     assert_int_equal(ncfsm_comm_backend_error(c[r]), NCFSM__NCCL_SYSTEM_ERROR);
   }
@@ -556,6 +562,521 @@ static void test_stale_segment_cleanup(void **state) {
   assert_false(segment_exists(&id2));
 }
 
+/* ---- R13 across processes ---------------------------------------------------------------- */
+
+/* Flags shared with the forked children (MAP_SHARED | MAP_ANONYMOUS). */
+typedef struct shared_flags {
+  atomic_int go, ready, dead, stuck_polls;
+} shared_flags;
+static shared_flags *g_fl;
+
+static shared_flags *flags_new(void) {
+  void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(p != MAP_FAILED);
+  memset(p, 0, 4096);
+  return p;
+}
+
+static int wait_flag(atomic_int *f, int ms) {
+  for (int i = 0; i < ms && !atomic_load(f); i++) sleep_ms(1);
+  return atomic_load(f);
+}
+
+static int drain_stream(void *stream) {
+  void *ev;
+  if (be->event_create(0, &ev)) return -1;
+  if (be->event_record(ev, stream)) return -1;
+  int q = 1;
+  for (int i = 0; i < WAIT_MS && q == 1; i++) {
+    q = be->event_query(ev);
+    if (q == 1) sleep_ms(1);
+  }
+  be->event_destroy(ev);
+  return q;
+}
+
+/* As measured (R13), with the ranks in 4 processes: rank 0 alone gets 1,022
+ * launches final, its 1,023rd stays InProgress (no error) while its peers
+ * launch nothing, and becomes final once they launched. */
+static int rank_drift(int rank) {
+  enum { TOTAL = 1023 };
+  static int32_t a[TOTAL];
+  ctx x = {0};
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  ncfsm__comm_config cfg = {0, 0, &so, "drift"};
+  void *c = NULL, *stream = NULL;
+  CHECK(be->comm_init(&c, N, &g_id, rank, &cfg) == NCFSM__NCCL_IN_PROGRESS);
+  CHECK(raw_poll(c) == NCFSM__NCCL_SUCCESS);
+  CHECK(be->stream_create(0, &stream) == 0);
+  for (int k = 0; k < TOTAL; k++) a[k] = rank * 10000 + k;
+  if (rank != 0) CHECK(wait_flag(&g_fl->go, WAIT_MS)); /* rank 0 is stuck by now */
+  for (int k = 0; k < TOTAL; k++) {
+    ncfsm__op op = {NCFSM_KIND_ALLREDUCE, &a[k], &a[k], 1, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, stream};
+    CHECK(be->op(c, &op) == NCFSM__NCCL_IN_PROGRESS);
+    if (rank == 0 && k == TOTAL - 1) {
+      int st = -1, i;
+      for (i = 0; i < 300; i++) {
+        CHECK(be->get_async_error(c, &st) == NCFSM__NCCL_SUCCESS);
+        if (st != NCFSM__NCCL_IN_PROGRESS) break;
+        if (i % 10 == 0) sleep_ms(1);
+      }
+      atomic_store(&g_fl->stuck_polls, i);
+      CHECK(st == NCFSM__NCCL_IN_PROGRESS); /* held, no error */
+      atomic_store(&g_fl->go, 1);
+    }
+    CHECK(raw_poll(c) == NCFSM__NCCL_SUCCESS);
+  }
+  CHECK(drain_stream(stream) == 0);
+  for (int k = 0; k < TOTAL; k++) CHECK(a[k] == 60000 + 4 * k);
+  CHECK(be->abort(c) == 0);
+  be->stream_destroy(stream);
+  return 0;
+}
+
+static void test_mp_r13_drift(void **state) {
+  (void)state;
+  unsetenv("NCFSM_SIM_DRIFT_LIMIT");
+  g_fl = flags_new();
+  run_ranks(rank_drift, 0);
+  assert_int_equal(atomic_load(&g_fl->stuck_polls), 300);
+  munmap(g_fl, 4096);
+  g_fl = NULL;
+}
+
+/* ---- a process that dies inside the clique's critical section ------------------------------ */
+
+/* Three ranks: 0 and 1 in a survivor process, 2 in a victim that _exit()s
+ * half-way through an update of the shared segment (SIM_CRASH_*), holding
+ * its lock. The survivor's next lock gets EOWNERDEAD and repairs the
+ * segment. Then: the segment passes ncfsm__sim_shm_check with nothing
+ * allocated (no leak, no overlap); an instance the victim was committing is
+ * complete on the survivors, with the right data; the arena serves a stress
+ * of allocations without overlap; the survivors' next work reports the dead
+ * peer (ncclRemoteError, the sim's model of a lost peer) and they abort; and
+ * the process goes on with a new clique. */
+#define CR 3
+static int g_crash_point;
+
+static sim_clique *my_clique(void) {
+  for (sim_clique *q = ncfsm__sim_cliques; q; q = q->next)
+    if (!memcmp(q->key, g_id.internal, SIM_ID_KEY_LEN)) return q;
+  return NULL;
+}
+
+/* Checks the segment; *used and *recoveries report its allocator. */
+static int clique_consistent(char *why, size_t len, uint64_t *used, uint32_t *recoveries, int *dead2) {
+  pthread_mutex_lock(&ncfsm__sim_mu);
+  sim_clique *q = my_clique();
+  int rc = -1;
+  if (!q) snprintf(why, len, "no clique");
+  else if (ncfsm__sim_shm_lock(q) == 0) {
+    rc = ncfsm__sim_shm_check(q, why, len);
+    *used = q->h->used;
+    *recoveries = q->h->recoveries;
+    *dead2 = q->h->rank[2].dead;
+    ncfsm__sim_shm_unlock(q);
+  }
+  pthread_mutex_unlock(&ncfsm__sim_mu);
+  return rc;
+}
+
+/* Allocations of the repaired arena never overlap: each block is filled
+ * with its own pattern and checked before it is freed. */
+static int arena_stress(char *why, size_t len) {
+  enum { LIVE = 64, ROUNDS = 4000 };
+  shm_off blk[LIVE] = {0};
+  size_t sz[LIVE] = {0};
+  uint64_t rng = 12345;
+  int rc = 0;
+  pthread_mutex_lock(&ncfsm__sim_mu);
+  sim_clique *q = my_clique();
+  if (!q || ncfsm__sim_shm_lock(q)) {
+    pthread_mutex_unlock(&ncfsm__sim_mu);
+    snprintf(why, len, "no clique");
+    return -1;
+  }
+  for (int i = 0; i < ROUNDS && !rc; i++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    int k = (int)((rng >> 33) % LIVE);
+    if (blk[k]) {
+      unsigned char *p = SHM_PTR(q, blk[k]);
+      for (size_t j = 0; j < sz[k]; j++)
+        if (p[j] != (unsigned char)(k * 31 + j)) {
+          snprintf(why, len, "block %d (%zu bytes at %llu) was overwritten", k, sz[k], (unsigned long long)blk[k]);
+          rc = -1;
+          break;
+        }
+      ncfsm__sim_shm_free(q, blk[k]);
+      blk[k] = 0;
+    } else {
+      sz[k] = 1 + (size_t)((rng >> 17) % 65536);
+      blk[k] = ncfsm__sim_shm_alloc(q, sz[k], NULL);
+      if (!blk[k]) {
+        snprintf(why, len, "no room for %zu bytes (used %llu of %llu)", sz[k], (unsigned long long)q->h->used,
+                 (unsigned long long)q->h->arena_len);
+        rc = -1;
+        break;
+      }
+      memset(SHM_PTR(q, blk[k]), 0, sz[k]);
+      unsigned char *p = SHM_PTR(q, blk[k]);
+      for (size_t j = 0; j < sz[k]; j++) p[j] = (unsigned char)(k * 31 + j);
+    }
+  }
+  for (int k = 0; k < LIVE; k++) ncfsm__sim_shm_free(q, blk[k]);
+  if (!rc && q->h->used != 0) {
+    snprintf(why, len, "%llu bytes still in use after the stress", (unsigned long long)q->h->used);
+    rc = -1;
+  }
+  ncfsm__sim_shm_unlock(q);
+  pthread_mutex_unlock(&ncfsm__sim_mu);
+  return rc;
+}
+
+static int raw_wait_ok(void *c) {
+  int st = raw_poll(c);
+  return st == NCFSM__NCCL_SUCCESS ? 0 : st;
+}
+
+#undef CHECK
+#define CHECK(cond)                                                                        \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; sim: %s\n", __FILE__, __LINE__, #cond,    \
+              be->last_error(NULL));                                                       \
+      return 1;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+/* Two ranks of a new clique in this process exchange data for a while. */
+static int p2p_rounds(void *c[2], void *s[2]) {
+  enum { ROUNDS = 100, LEN = 4096 };
+  static int32_t snd[2][LEN], rcv[2][LEN];
+  for (int k = 0; k < ROUNDS; k++) {
+    for (int r = 0; r < 2; r++)
+      for (int j = 0; j < LEN; j++) snd[r][j] = k * 100 + r * 10 + (j & 7), rcv[r][j] = -1;
+    be->group_start();
+    for (int r = 0; r < 2; r++) {
+      ncfsm__op sd = {NCFSM_KIND_SEND, snd[r], NULL, LEN, NCFSM_INT32, NCFSM_OP_SUM, -1, 1 - r, s[r]};
+      ncfsm__op rv = {NCFSM_KIND_RECV, NULL, rcv[r], LEN, NCFSM_INT32, NCFSM_OP_SUM, -1, 1 - r, s[r]};
+      CHECK(be->op(c[r], &sd) == NCFSM__NCCL_SUCCESS);
+      CHECK(be->op(c[r], &rv) == NCFSM__NCCL_SUCCESS);
+    }
+    CHECK(be->group_end() == NCFSM__NCCL_IN_PROGRESS);
+    for (int r = 0; r < 2; r++) CHECK(raw_wait_ok(c[r]) == 0);
+    for (int r = 0; r < 2; r++) CHECK(drain_stream(s[r]) == 0);
+    for (int r = 0; r < 2; r++)
+      for (int j = 0; j < LEN; j++) CHECK(rcv[r][j] == k * 100 + (1 - r) * 10 + (j & 7));
+  }
+  return 0;
+}
+
+static int survivor(void) {
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  ncfsm__comm_config cfg = {0, 0, &so, "survivor"};
+  void *c[2] = {NULL, NULL}, *s[2];
+  be->group_start();
+  for (int r = 0; r < 2; r++) CHECK(be->comm_init(&c[r], CR, &g_id, r, &cfg) == NCFSM__NCCL_SUCCESS);
+  CHECK(be->group_end() == NCFSM__NCCL_IN_PROGRESS);
+  for (int r = 0; r < 2; r++) CHECK(raw_wait_ok(c[r]) == 0);
+  for (int r = 0; r < 2; r++) CHECK(be->stream_create(0, &s[r]) == 0);
+  int32_t ar[2][4];
+  if (g_crash_point == SIM_CRASH_EXEC) { /* the victim will execute this instance and die in its commit */
+    for (int r = 0; r < 2; r++) {
+      for (int j = 0; j < 4; j++) ar[r][j] = r + 1;
+      ncfsm__op op = {NCFSM_KIND_ALLREDUCE, ar[r], ar[r], 4, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, s[r]};
+      CHECK(be->op(c[r], &op) == NCFSM__NCCL_IN_PROGRESS);
+    }
+    for (int r = 0; r < 2; r++) CHECK(raw_wait_ok(c[r]) == 0); /* posted and deposited */
+  }
+  atomic_store(&g_fl->ready, 1);
+  CHECK(wait_flag(&g_fl->dead, 20000));
+  for (int r = 0; r < 2; r++) {
+    int st = -1;
+    CHECK(be->get_async_error(c[r], &st) == NCFSM__NCCL_SUCCESS); /* EOWNERDEAD: repaired here */
+    CHECK(st == NCFSM__NCCL_SUCCESS); /* no unfinished work: not hit by the death */
+  }
+  char why[256];
+  uint64_t used = 0;
+  uint32_t rec = 0;
+  int dead2 = 0;
+  if (clique_consistent(why, sizeof why, &used, &rec, &dead2)) {
+    fprintf(stderr, "after the victim died: %s\n", why);
+    return 1;
+  }
+  CHECK(rec >= 1 && dead2 == 1);
+  CHECK(used == 0); /* the victim's blocks are back, nothing leaked */
+  if (g_crash_point == SIM_CRASH_EXEC) { /* the dead process's commit is completed for everyone */
+    for (int r = 0; r < 2; r++) CHECK(drain_stream(s[r]) == 0);
+    for (int r = 0; r < 2; r++)
+      for (int j = 0; j < 4; j++) CHECK(ar[r][j] == 1 + 2 + 3);
+  }
+  if (arena_stress(why, sizeof why)) {
+    fprintf(stderr, "the repaired arena: %s\n", why);
+    return 1;
+  }
+  if (clique_consistent(why, sizeof why, &used, &rec, &dead2)) {
+    fprintf(stderr, "after the stress: %s\n", why);
+    return 1;
+  }
+  /* new work on the clique reports the lost peer (docs/sim.md, "A dead rank") */
+  int32_t x[2][4] = {{0}};
+  for (int r = 0; r < 2; r++) {
+    ncfsm__op op = {NCFSM_KIND_ALLREDUCE, x[r], x[r], 4, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, s[r]};
+    CHECK(be->op(c[r], &op) == NCFSM__NCCL_IN_PROGRESS);
+  }
+  for (int r = 0; r < 2; r++) CHECK(raw_poll(c[r]) == NCFSM__NCCL_REMOTE_ERROR);
+  CHECK(strstr(be->last_error(NULL), "died") != NULL);
+  for (int r = 0; r < 2; r++) CHECK(be->abort(c[r]) == 0);
+  /* and the process goes on */
+  ncfsm_unique_id id;
+  CHECK(be->get_unique_id(&id) == 0);
+  void *n[2] = {NULL, NULL};
+  be->group_start();
+  for (int r = 0; r < 2; r++) CHECK(be->comm_init(&n[r], 2, &id, r, &cfg) == NCFSM__NCCL_SUCCESS);
+  CHECK(be->group_end() == NCFSM__NCCL_IN_PROGRESS);
+  for (int r = 0; r < 2; r++) CHECK(raw_wait_ok(n[r]) == 0);
+  CHECK(p2p_rounds(n, s) == 0);
+  for (int r = 0; r < 2; r++) {
+    CHECK(be->abort(n[r]) == 0);
+    be->stream_destroy(s[r]);
+  }
+  return 0;
+}
+
+static int victim(void) {
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  ncfsm__comm_config cfg = {0, 0, &so, "victim"};
+  void *c = NULL, *s = NULL;
+  CHECK(be->comm_init(&c, CR, &g_id, 2, &cfg) == NCFSM__NCCL_IN_PROGRESS);
+  CHECK(raw_wait_ok(c) == 0);
+  CHECK(be->stream_create(0, &s) == 0);
+  CHECK(wait_flag(&g_fl->ready, 20000));
+  ncfsm__sim_shm_crash_at(g_crash_point, 1);
+  int32_t a[4] = {3, 3, 3, 3}, b[4] = {0};
+  if (g_crash_point == SIM_CRASH_EXEC) { /* its op completes the survivors' AllReduce */
+    ncfsm__op op = {NCFSM_KIND_ALLREDUCE, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, s};
+    CHECK(be->op(c, &op) == NCFSM__NCCL_IN_PROGRESS);
+  } else { /* a send/recv to itself: allocates, executes, frees, unlinks */
+    ncfsm__op sd = {NCFSM_KIND_SEND, a, NULL, 4, NCFSM_INT32, NCFSM_OP_SUM, -1, 2, s};
+    ncfsm__op rv = {NCFSM_KIND_RECV, NULL, b, 4, NCFSM_INT32, NCFSM_OP_SUM, -1, 2, s};
+    be->group_start();
+    CHECK(be->op(c, &sd) == NCFSM__NCCL_SUCCESS);
+    CHECK(be->op(c, &rv) == NCFSM__NCCL_SUCCESS);
+    CHECK(be->group_end() == NCFSM__NCCL_IN_PROGRESS);
+  }
+  for (int i = 0; i < 1000; i++) { /* it dies in one of these polls */
+    int st;
+    be->get_async_error(c, &st);
+  }
+  fprintf(stderr, "victim: crash point %d never reached\n", g_crash_point);
+  return 1;
+}
+
+static void run_crash(int point) {
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &g_id), NCFSM_OK);
+  g_fl = flags_new();
+  g_crash_point = point;
+  fflush(NULL);
+  pid_t sp = fork();
+  assert_true(sp >= 0);
+  if (sp == 0) {
+    alarm(30);
+    int rc = survivor();
+    fflush(NULL);
+    _exit(rc);
+  }
+  pid_t vp = fork();
+  assert_true(vp >= 0);
+  if (vp == 0) {
+    alarm(30);
+    int rc = victim();
+    fflush(NULL);
+    _exit(rc);
+  }
+  int vst = -1, sst = -1;
+  for (int t = 0; t < 20000 && (vst == -1 || sst == -1); t++) { /* 20 s */
+    if (vst == -1) {
+      if (waitpid(vp, &vst, WNOHANG) == vp) atomic_store(&g_fl->dead, 1); /* the survivor goes on */
+      else vst = -1;
+    }
+    if (sst == -1 && waitpid(sp, &sst, WNOHANG) != sp) sst = -1;
+    if (vst == -1 || sst == -1) sleep_ms(1);
+  }
+  if (vst == -1) {
+    kill(vp, SIGKILL);
+    waitpid(vp, &vst, 0);
+  }
+  if (sst == -1) {
+    kill(sp, SIGKILL);
+    waitpid(sp, &sst, 0);
+  }
+  munmap(g_fl, 4096);
+  g_fl = NULL;
+  if (!WIFEXITED(vst) || WEXITSTATUS(vst) != SIM_CRASH_EXIT)
+    fail_msg("the victim did not die at crash point %d (status 0x%x)", point, vst);
+  if (!WIFEXITED(sst) || WEXITSTATUS(sst) != 0)
+    fail_msg("the survivor failed after the victim died at crash point %d (status 0x%x%s)", point, sst,
+             WIFSIGNALED(sst) ? ": killed, it hung" : "");
+  if (segment_exists(&g_id)) fail_msg("a /dev/shm segment was left behind");
+}
+
+static void test_crash_mid_alloc(void **state) {
+  (void)state;
+  run_crash(SIM_CRASH_ALLOC_SPLIT);
+}
+static void test_crash_mid_free(void **state) {
+  (void)state;
+  run_crash(SIM_CRASH_FREE_MERGE);
+}
+static void test_crash_mid_unlink(void **state) {
+  (void)state;
+  run_crash(SIM_CRASH_UNLINK);
+}
+static void test_crash_mid_exec(void **state) {
+  (void)state;
+  run_crash(SIM_CRASH_EXEC);
+}
+
+/* ---- fork ---------------------------------------------------------------------------------- */
+
+static int forked_child(void **c) {
+  int st = -1;
+  CHECK(be->get_async_error(c[0], &st) == NCFSM__NCCL_INVALID_USAGE);
+  CHECK(st == NCFSM__NCCL_INVALID_USAGE);
+  CHECK(strstr(be->last_error(NULL), "fork") != NULL);
+  int32_t x[2] = {1, 1};
+  ncfsm__op op = {NCFSM_KIND_ALLREDUCE, x, x, 2, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, c[2]};
+  CHECK(be->op(c[1], &op) == NCFSM__NCCL_INVALID_USAGE);
+  CHECK(be->finalize(c[0]) == NCFSM__NCCL_INVALID_USAGE);
+  CHECK(be->destroy(c[1]) == NCFSM__NCCL_INVALID_USAGE);
+  /* progress in the child never touches the parent's clique: rank 0's op stays pending here */
+  CHECK(be->event_record(c[3], c[2]) == 0);
+  for (int i = 0; i < 50; i++) CHECK(be->event_query(c[3]) == 1);
+  CHECK(be->abort(c[0]) == 0); /* frees the child's copy only */
+  CHECK(be->abort(c[1]) == 0);
+  /* the child's own communicators work */
+  ncfsm_unique_id id;
+  CHECK(be->get_unique_id(&id) == 0);
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  ncfsm__comm_config cfg = {1, 0, &so, "child"};
+  void *mine = NULL, *ms = NULL;
+  CHECK(be->comm_init(&mine, 1, &id, 0, &cfg) == NCFSM__NCCL_SUCCESS);
+  CHECK(be->stream_create(0, &ms) == 0);
+  ncfsm__op op2 = {NCFSM_KIND_ALLREDUCE, x, x, 2, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, ms};
+  CHECK(be->op(mine, &op2) == NCFSM__NCCL_SUCCESS);
+  CHECK(drain_stream(ms) == 0);
+  CHECK(x[0] == 1 && x[1] == 1); /* one rank: the sum is the input */
+  CHECK(be->abort(mine) == 0);
+  be->stream_destroy(ms);
+  /* joining the parent's clique as one of its ranks is refused: they are taken */
+  ncfsm__comm_config nb = {0, 0, &so, "child"};
+  void *again = NULL;
+  CHECK(be->comm_init(&again, 2, &g_id, 0, &nb) == NCFSM__NCCL_INVALID_ARGUMENT);
+  return 0;
+}
+
+/* A child forked from a process with sim comms must not use them: every
+ * call but abort is refused with a WARN naming fork, abort frees its copy
+ * only, and the parent's clique is untouched (its pending op still runs). */
+static void test_fork_child_cannot_use_parent_comms(void **state) {
+  (void)state;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &g_id), NCFSM_OK);
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  ncfsm__comm_config cfg = {0, 0, &so, "parent"};
+  void *c[4] = {NULL};
+  be->group_start();
+  for (int r = 0; r < 2; r++) assert_int_equal(be->comm_init(&c[r], 2, &g_id, r, &cfg), NCFSM__NCCL_SUCCESS);
+  assert_int_equal(be->group_end(), NCFSM__NCCL_IN_PROGRESS);
+  for (int r = 0; r < 2; r++) assert_int_equal(raw_poll(c[r]), NCFSM__NCCL_SUCCESS);
+  assert_int_equal(be->stream_create(0, &c[2]), 0);
+  assert_int_equal(be->event_create(0, &c[3]), 0);
+  int32_t a[2][2] = {{1, 2}, {10, 20}};
+  /* rank 0's op is posted and waits in the shared segment for rank 1's */
+  ncfsm__op op0 = {NCFSM_KIND_ALLREDUCE, a[0], a[0], 2, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, c[2]};
+  assert_int_equal(be->op(c[0], &op0), NCFSM__NCCL_IN_PROGRESS);
+  assert_int_equal(raw_poll(c[0]), NCFSM__NCCL_SUCCESS);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    alarm(20);
+    int rc = forked_child(c);
+    fflush(NULL);
+    _exit(rc);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("the forked child failed (status 0x%x)", st);
+  /* the parent's ranks are alive and its pending op completes with the right data */
+  ncfsm__op op1 = {NCFSM_KIND_ALLREDUCE, a[1], a[1], 2, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, c[2]};
+  assert_int_equal(be->op(c[1], &op1), NCFSM__NCCL_IN_PROGRESS);
+  assert_int_equal(raw_poll(c[1]), NCFSM__NCCL_SUCCESS);
+  assert_int_equal(raw_poll(c[0]), NCFSM__NCCL_SUCCESS);
+  assert_int_equal(drain_stream(c[2]), 0);
+  assert_int_equal(a[0][0], 11);
+  assert_int_equal(a[0][1], 22);
+  assert_int_equal(a[1][0], 11);
+  pthread_mutex_lock(&ncfsm__sim_mu);
+  sim_clique *q = my_clique();
+  assert_non_null(q);
+  assert_int_equal(q->h->live, 2);
+  assert_int_equal(q->h->ndead, 0);
+  pthread_mutex_unlock(&ncfsm__sim_mu);
+  for (int r = 0; r < 2; r++) assert_int_equal(be->abort(c[r]), 0);
+  be->event_destroy(c[3]);
+  be->stream_destroy(c[2]);
+  assert_false(segment_exists(&g_id));
+}
+
+/* fork() while another thread is inside the sim: the child's sim lock is
+ * usable (pthread_atfork), so the child's own sim calls do not hang. */
+static atomic_int g_stop_poll;
+static void *poller(void *arg) {
+  int st;
+  while (!atomic_load(&g_stop_poll)) be->get_async_error(arg, &st);
+  return NULL;
+}
+
+static void test_fork_while_sim_busy(void **state) {
+  (void)state;
+  ncfsm_unique_id id;
+  assert_int_equal(be->get_unique_id(&id), 0);
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  ncfsm__comm_config cfg = {1, 0, &so, "busy"};
+  void *c = NULL;
+  assert_int_equal(be->comm_init(&c, 1, &id, 0, &cfg), NCFSM__NCCL_SUCCESS);
+  atomic_store(&g_stop_poll, 0);
+  pthread_t th;
+  pthread_create(&th, NULL, poller, c);
+  int bad = 0;
+  for (int i = 0; i < 40; i++) {
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      alarm(5); /* a child stuck on the sim's lock dies of SIGALRM */
+      ncfsm_unique_id cid;
+      void *cc = NULL;
+      ncfsm__comm_config ccfg = {1, 0, &so, "child"};
+      int ok = be->get_unique_id(&cid) == 0 && be->comm_init(&cc, 1, &cid, 0, &ccfg) == 0 && be->abort(cc) == 0;
+      _exit(ok ? 0 : 1);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+  }
+  atomic_store(&g_stop_poll, 1);
+  pthread_join(th, NULL);
+  assert_int_equal(be->abort(c), 0);
+  assert_int_equal(bad, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mp_collectives),      cmocka_unit_test(test_mp_raw_r2_poisoning),
@@ -563,6 +1084,10 @@ int main(void) {
       cmocka_unit_test(test_mp_fail_init),        cmocka_unit_test(test_mp_mismatch),
       cmocka_unit_test(test_mp_sigkill),          cmocka_unit_test(test_mp_sigkill_holding_lock),
       cmocka_unit_test(test_arena_bound),         cmocka_unit_test(test_stale_segment_cleanup),
+      cmocka_unit_test(test_mp_r13_drift),        cmocka_unit_test(test_crash_mid_alloc),
+      cmocka_unit_test(test_crash_mid_free),      cmocka_unit_test(test_crash_mid_unlink),
+      cmocka_unit_test(test_crash_mid_exec),      cmocka_unit_test(test_fork_child_cannot_use_parent_comms),
+      cmocka_unit_test(test_fork_while_sim_busy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
