@@ -455,7 +455,10 @@ static void abort_backend(ncfsm_loop *loop, ncfsm_comm **cs, int n) {
     for (int i = 0; i < n; i++) bc[i] = cs[i]->bcomm;
   ncfsm__loop_claim(loop);
   pthread_mutex_unlock(&loop->mu);
-  if (grouped) be->group_start();
+  if (grouped && NCFSM__IS_ERR(be->group_start())) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "ncclGroupStart failed; aborting %d communicators one by one", n);
+    grouped = false;
+  }
   for (int i = 0; i < n; i++) {
     void *b = bc ? bc[i] : cs[i]->bcomm;
     if (!b) continue;
@@ -464,7 +467,11 @@ static void abort_backend(ncfsm_loop *loop, ncfsm_comm **cs, int n) {
       NCFSM_WARN(NCFSM__SUB_FSM, "[%s] ncclCommAbort returned %s", cs[i]->name,
                  ncfsm__nccl_result_name(rc));
   }
-  if (grouped) be->group_end();
+  if (grouped) {
+    int grc = be->group_end();
+    if (grc != NCFSM__NCCL_SUCCESS)
+      NCFSM_WARN(NCFSM__SUB_FSM, "ncclGroupEnd after %d aborts returned %s", n, ncfsm__nccl_result_name(grc));
+  }
   pthread_mutex_lock(&loop->mu);
   ncfsm__loop_unclaim(loop);
   if (bc != stack_b) free(bc);
