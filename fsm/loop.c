@@ -330,7 +330,9 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
     if (direct) {
       direct_turn(loop, yield); /* no need to go through libevent */
     } else {
-      int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK : EVLOOP_ONCE;
+      /* NONBLOCK alone keeps libevent looping while a timer expires again
+       * before it checks (a 1 us poll interval): ONCE ends after one pass. */
+      int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK | EVLOOP_ONCE : EVLOOP_ONCE;
       if (event_base_loop(loop->base, flags) < 0) rr = NCFSM_ERR_SYSTEM;
     }
     pthread_mutex_lock(&loop->mu);
