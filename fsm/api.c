@@ -41,9 +41,10 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_TIMEOUT_MS", NCFSM_DEFAULT_TIMEOUT_MS);
   o->timing = (int)ncfsm__env_ll("NCFSM_TIMING", 0);
   const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
-  o->on_error = !strcmp(p, "stay") ? NCFSM_ON_ERROR_STAY
-                : !strcmp(p, "exit") ? NCFSM_ON_ERROR_EXIT
-                                     : NCFSM_ON_ERROR_ABORT;
+  o->on_error = !strcmp(p, "stay")     ? NCFSM_ON_ERROR_STAY
+                : !strcmp(p, "exit")   ? NCFSM_ON_ERROR_EXIT
+                : !strcmp(p, "revoke") ? NCFSM_ON_ERROR_REVOKE
+                                       : NCFSM_ON_ERROR_ABORT;
 }
 
 ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id *id) {
@@ -431,33 +432,7 @@ static ncfsm_result_t do_abort(ncfsm_comm *c) {
 static ncfsm_result_t do_revoke(ncfsm_comm *c) {
   ncfsm_result_t r;
   if (ncfsm__check_legal(c, NCFSM_CALL_REVOKE, &r) == NCFSM_REJECT) return r;
-  unsigned feat = c->bcomm && c->be->comm_features ? c->be->comm_features(c->bcomm) : c->be->features();
-  if (!(feat & NCFSM__HAS_REVOKE)) {
-    ncfsm__set_error(c, "ncfsm_comm_revoke: the %s runtime (NCCL %d) has no ncclCommRevoke; it needs "
-                        "NCCL >= 2.28.7 (R6); use ncfsm_comm_abort",
-                     c->be->name, c->be->version());
-    return NCFSM_ERR_UNSUPPORTED;
-  }
-  if (!c->bcomm) {
-    ncfsm__set_error(c, "ncfsm_comm_revoke: no NCCL communicator exists in state %s (init failed); "
-                        "use ncfsm_comm_abort", ncfsm_state_name(c->state));
-    return NCFSM_ERR_ILLEGAL_STATE;
-  }
-  /* R6: what completed before the revoke keeps its result; what did not is
-   * stopped by it, and its event completing later proves nothing. */
-  ncfsm__drain(c);
-  c->be_calls++;
-  int rc = c->be->revoke(c->bcomm, 0);
-  if (NCFSM__IS_ERR(rc)) {
-    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc), rc, "ncclCommRevoke");
-    ncfsm__set_error(c, "ncfsm_comm_revoke: ncclCommRevoke returned %s in state %s; the "
-                        "communicator is %s now: call ncfsm_comm_abort",
-                     ncfsm__nccl_result_name(rc), ncfsm_state_name(c->state),
-                     ncfsm_state_name(c->state));
-    return NCFSM_ERR_BACKEND;
-  }
-  ncfsm__fire(c, NCFSM_EV_REVOKE, NCFSM_OK); /* act_revoke_works (R6) */
-  return NCFSM_OK;
+  return ncfsm__comm_revoke_now(c);
 }
 
 ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *c) {
@@ -892,6 +867,27 @@ ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms) {
     return r;
   }
   return r == NCFSM_OK ? w->status : r;
+}
+
+ncfsm_result_t ncfsm_work_set_timeout(ncfsm_work *w, uint64_t timeout_ms) {
+  if (!work_ok(w)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = w->comm->loop;
+  LOCK(loop);
+  ncfsm_result_t r = NCFSM_OK;
+  if (w->notified) {
+    ncfsm__set_error(w->comm, "ncfsm_work_set_timeout: work seq %llu is %s already; a deadline applies "
+                              "to unfinished works only",
+                     (unsigned long long)w->fp.seq, ncfsm_work_state_name(w->state));
+    r = NCFSM_ERR_ILLEGAL_STATE;
+  } else {
+    w->timeout_ms = timeout_ms;
+    if (w->t_launch) /* launched: the new deadline counts from the launch too */
+      w->deadline_ns = ncfsm__deadline(w->t_launch, timeout_ms ? timeout_ms : w->comm->opts.timeout_ms);
+    w->comm->work_deadlines = true;
+    if (w->t_launch) ncfsm__loop_wake(loop);
+  }
+  UNLOCK(loop);
+  return r;
 }
 
 ncfsm_result_t ncfsm_work_release(ncfsm_work *w) {

@@ -94,6 +94,7 @@ struct ncfsm_work {
   ncfsm__mark *mark;        /* completion event, once IN_FLIGHT */
   ncfsm__mark *start_mark;  /* timing: event recorded just before the launch */
   float device_ms;
+  uint64_t timeout_ms;      /* ncfsm_work_set_timeout; 0: the comm's */
   uint64_t t_submit, t_launch, t_final, t_complete, deadline_ns;
   ncfsm_work *bnext;     /* batch / group list */
   ncfsm_work *next;      /* launching list, stream queue, notify list, free list */
@@ -138,6 +139,7 @@ struct ncfsm_comm {
   uint64_t hash;
   uint64_t phase_deadline;
   uint64_t async_watch_ns; /* last async-state poll while works were in flight */
+  bool work_deadlines; /* some work has its own deadline: the watchdog scans every work in flight */
   uint64_t be_calls;   /* backend calls made for this comm (not polls/events): tests */
   char last_error[512];
   char failure[512];   /* the message of the failure that ended its healthy life */
@@ -288,6 +290,10 @@ void ncfsm__watchdog(ncfsm_comm *c, uint64_t now);
  * (already failed or closing) only the message is kept. */
 void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int code,
                       const char *what);
+/* ncclCommRevoke now (ERROR or a live state): observe completions first,
+ * revoke, fire REVOKE. NCFSM_ERR_UNSUPPORTED without Revoke in the runtime;
+ * the comm's last error says why when it fails. */
+ncfsm_result_t ncfsm__comm_revoke_now(ncfsm_comm *c);
 /* The cause for a backend code, the same whichever call saw it. */
 ncfsm_result_t ncfsm__cause_of(int code);
 

@@ -131,7 +131,7 @@ static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, 
     next = w->bnext;
     ncfsm_comm *c = w->comm;
     w->t_launch = now;
-    w->deadline_ns = ncfsm__deadline(now, c->opts.timeout_ms);
+    w->deadline_ns = ncfsm__deadline(now, w->timeout_ms ? w->timeout_ms : c->opts.timeout_ms);
     ncfsm__work_set_state(w, NCFSM_WORK_LAUNCHING);
     w->next = NULL;
     if (!c->launching) c->launching = w;

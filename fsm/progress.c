@@ -96,7 +96,7 @@ void ncfsm__progress(ncfsm_loop *loop) {
     /* first: a drained comm needs no async watch */
     if (c->nsq && ncfsm__has(c, NCFSM_SF_WORKS)) progress |= drain_streams(c);
     if (needs_poll(c, &now)) progress |= poll_comm(c);
-    if (c->opts.timeout_ms) {
+    if (c->opts.timeout_ms || c->work_deadlines) {
       if (!now) now = ncfsm__now_ns();
       ncfsm__watchdog(c, now);
     }

@@ -18,7 +18,22 @@ ncfsm_result_t ncfsm__cause_of(int code) {
   }
 }
 
+static void work_timed_out(ncfsm_comm *c, const ncfsm_work *w) {
+  char what[200];
+  snprintf(what, sizeof what, "watchdog: %s seq %llu did not complete within %llu ms",
+           ncfsm_opkind_name(w->op.kind), (unsigned long long)w->fp.seq,
+           (unsigned long long)(w->timeout_ms ? w->timeout_ms : c->opts.timeout_ms));
+  ncfsm__comm_fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, NCFSM__NCCL_SUCCESS, what);
+}
+
 void ncfsm__watchdog(ncfsm_comm *c, uint64_t now) {
+  if (c->work_deadlines && ncfsm__has(c, NCFSM_SF_WORKS)) /* per-work deadlines: every work */
+    for (int i = 0; i < c->nsq; i++)
+      for (ncfsm_work *w = c->sq[i].head; w; w = w->next)
+        if (w->deadline_ns && now > w->deadline_ns) {
+          work_timed_out(c, w);
+          return;
+        }
   if (!c->opts.timeout_ms) return;
   unsigned f = ncfsm_state_flags(c->state);
   if ((f & NCFSM_SF_DEADLINE) && c->phase_deadline && now > c->phase_deadline) {
@@ -32,11 +47,7 @@ void ncfsm__watchdog(ncfsm_comm *c, uint64_t now) {
   for (int i = 0; i < c->nsq; i++) {
     ncfsm_work *w = c->sq[i].head;
     if (w && w->deadline_ns && now > w->deadline_ns) {
-      char what[200];
-      snprintf(what, sizeof what, "watchdog: %s seq %llu did not complete within %llu ms",
-               ncfsm_opkind_name(w->op.kind), (unsigned long long)w->fp.seq,
-               (unsigned long long)c->opts.timeout_ms);
-      ncfsm__comm_fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, NCFSM__NCCL_SUCCESS, what);
+      work_timed_out(c, w);
       return;
     }
   }
@@ -64,10 +75,55 @@ void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int
   NCFSM_WARN(NCFSM__SUB_FSM, "%s", c->last_error);
   ncfsm__fire(c, ev, cause);
   if (c->state != NCFSM_STATE_ERROR) return;
-  if (c->opts.on_error == NCFSM_ON_ERROR_ABORT) {
-    ncfsm__fire(c, NCFSM_EV_POLICY_ABORT, cause);
-  } else if (c->opts.on_error == NCFSM_ON_ERROR_EXIT) {
-    fprintf(stderr, "ncfsm: %s; exiting (on_error=exit)\n", c->last_error);
-    exit(3);
+  switch (c->opts.on_error) {
+    case NCFSM_ON_ERROR_STAY: break;
+    case NCFSM_ON_ERROR_EXIT:
+      fprintf(stderr, "ncfsm: %s; exiting (on_error=exit)\n", c->last_error);
+      exit(3);
+    case NCFSM_ON_ERROR_REVOKE: {
+      /* Once: a revoke that itself failed (REVOKING -> ERROR) is aborted. */
+      char keep[440];
+      snprintf(keep, sizeof keep, "%.439s", c->last_error);
+      if (from != NCFSM_STATE_REVOKING && ncfsm__comm_revoke_now(c) == NCFSM_OK) {
+        snprintf(c->last_error, sizeof c->last_error, "%s; the error policy revoked it (R6)", keep);
+        break;
+      }
+      snprintf(c->last_error, sizeof c->last_error, "%s; the error policy aborts it (revoke %s)", keep,
+               from == NCFSM_STATE_REVOKING ? "did not reach quiescence" : "is not possible here");
+    }
+    /* fall through */
+    case NCFSM_ON_ERROR_ABORT:
+    default:
+      ncfsm__fire(c, NCFSM_EV_POLICY_ABORT, cause);
+      break;
   }
+}
+
+ncfsm_result_t ncfsm__comm_revoke_now(ncfsm_comm *c) {
+  unsigned feat = c->bcomm && c->be->comm_features ? c->be->comm_features(c->bcomm) : c->be->features();
+  if (!(feat & NCFSM__HAS_REVOKE)) {
+    ncfsm__set_error(c, "ncfsm_comm_revoke: the %s runtime (NCCL %d) has no ncclCommRevoke; it needs "
+                        "NCCL >= 2.28.7 (R6); use ncfsm_comm_abort",
+                     c->be->name, c->be->version());
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  if (!c->bcomm) {
+    ncfsm__set_error(c, "ncfsm_comm_revoke: no NCCL communicator exists in state %s (init failed); "
+                        "use ncfsm_comm_abort", ncfsm_state_name(c->state));
+    return NCFSM_ERR_ILLEGAL_STATE;
+  }
+  /* R6: what completed before the revoke keeps its result; what did not is
+   * stopped by it, and its event completing later proves nothing. */
+  ncfsm__drain(c);
+  c->be_calls++;
+  int rc = c->be->revoke(c->bcomm, 0);
+  if (NCFSM__IS_ERR(rc)) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc), rc, "ncclCommRevoke");
+    ncfsm__set_error(c, "ncfsm_comm_revoke: ncclCommRevoke returned %s; the communicator is %s now: "
+                        "call ncfsm_comm_abort",
+                     ncfsm__nccl_result_name(rc), ncfsm_state_name(c->state));
+    return NCFSM_ERR_BACKEND;
+  }
+  ncfsm__fire(c, NCFSM_EV_REVOKE, NCFSM_OK); /* act_revoke_works (R6) */
+  return NCFSM_OK;
 }

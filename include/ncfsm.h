@@ -201,7 +201,10 @@ typedef enum ncfsm_backend_kind {
 typedef enum ncfsm_error_policy {
   NCFSM_ON_ERROR_ABORT = 0, /* default: fail pending works, abort the comm (R5, R10) */
   NCFSM_ON_ERROR_STAY,      /* fail pending works, stay in ERROR until the user aborts */
-  NCFSM_ON_ERROR_EXIT       /* fail pending works, then exit(3) */
+  NCFSM_ON_ERROR_EXIT,      /* fail pending works, then exit(3) */
+  NCFSM_ON_ERROR_REVOKE     /* fail pending works, then ncclCommRevoke where the runtime has it
+                               (R6: ERROR -> REVOKING -> REVOKED; destroy or shrink follow), else
+                               abort as NCFSM_ON_ERROR_ABORT does */
 } ncfsm_error_policy_t;
 
 /* Behaviour of the sim backend (a model of NCCL 2.28, see docs/sim.md). */
@@ -370,6 +373,11 @@ int ncfsm_work_launched(const ncfsm_work *w);
  * NCFSM_ERR_AGAIN when timeout_ms (0 = no limit) passed first: the work
  * goes on. */
 ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms);
+/* This work's watchdog deadline: timeout_ms after its launch (0: the comm's
+ * opts.timeout_ms), overriding the comm's for this work only. Legal until the
+ * work is final (NCFSM_ERR_ILLEGAL_STATE after); on a work already in flight
+ * the new deadline counts from its launch too. */
+ncfsm_result_t ncfsm_work_set_timeout(ncfsm_work *w, uint64_t timeout_ms);
 /* Drop the caller's reference. A second release of the same handle is
  * detected (NCFSM_ERR_INVALID_USAGE) and changes nothing, as long as the
  * loop has not reused the memory: freed works wait in a FIFO of at least 64

@@ -74,9 +74,10 @@ typedef struct setting {
   X("NCFSM_TIMEOUT_MS", numeric_note, NULL, "%llu%s", (unsigned long long)co.timeout_ms, \
     co.timeout_ms ? "" : " (off)")                                                       \
   X("NCFSM_ON_ERROR", choice_note, on_error, "%s",                                       \
-    co.on_error == NCFSM_ON_ERROR_STAY   ? "stay"                                        \
-    : co.on_error == NCFSM_ON_ERROR_EXIT ? "exit"                                        \
-                                         : "abort")                                      \
+    co.on_error == NCFSM_ON_ERROR_STAY     ? "stay"                                      \
+    : co.on_error == NCFSM_ON_ERROR_EXIT   ? "exit"                                      \
+    : co.on_error == NCFSM_ON_ERROR_REVOKE ? "revoke"                                    \
+                                           : "abort")                                    \
   X("NCFSM_OVERLAP", choice_note, overlap, "%s",                                         \
     lo.overlap == NCFSM_OVERLAP_WARN  ? "warn"                                           \
     : lo.overlap == NCFSM_OVERLAP_OFF ? "off"                                            \
@@ -206,7 +207,7 @@ static void gather_settings(report *r) {
   ncfsm_loop_opts_init(&lo);
   ncfsm__log_init();
   static const char *const backends[] = {"auto", "sim", "nccl", "null", NULL};
-  static const char *const on_error[] = {"abort", "stay", "exit", NULL};
+  static const char *const on_error[] = {"abort", "stay", "exit", "revoke", NULL};
   static const char *const overlap[] = {"reject", "warn", "off", NULL};
   static const char *const levels[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE", NULL};
   const char *be = ncfsm__env_str("NCFSM_BACKEND", "auto");

@@ -382,6 +382,57 @@ static void test_finalize_during_launch(void **state) {
   teardown_all(loop, c, 2);
 }
 
+/* Issue 9, item 5: a per-op deadline on top of the comm's (here off). */
+static void test_work_own_timeout(void **state) {
+  (void)state;
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.timeout_ms = 0; /* the comm's watchdog is off */
+  o.on_error = NCFSM_ON_ERROR_STAY;
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = comms_with(2, c, &o);
+  ncfsm_work *w;
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+  assert_int_equal(ncfsm_work_set_timeout(w, 100), NCFSM_OK);
+  double t0 = now_s();
+  assert_int_equal(ncfsm_work_wait(w, 10000), NCFSM_ERR_TIMEOUT);
+  assert_true(now_s() - t0 < 5.0);
+  assert_non_null(strstr(ncfsm_comm_failure(c[0]), "within 100 ms"));
+  assert_int_equal(ncfsm_work_set_timeout(w, 100), NCFSM_ERR_ILLEGAL_STATE); /* final already */
+  assert_int_equal(ncfsm_work_release(w), NCFSM_OK);
+  teardown_all(loop, c, 2);
+}
+
+/* Issue 9, item 5: the error policy revoke (R6), and its fallback to abort. */
+static void test_policy_revoke(void **state) {
+  (void)state;
+  for (int has = 1; has >= 0; has--) {
+    ncfsm_sim_opts so;
+    ncfsm_comm_opts o;
+    test_sim_opts(&so);
+    so.has_revoke = has;
+    test_comm_opts(&o, &so);
+    o.timeout_ms = 100;
+    o.on_error = NCFSM_ON_ERROR_REVOKE;
+    ncfsm_comm *c[2];
+    ncfsm_loop *loop = comms_with(2, c, &o);
+    ncfsm_work *w;
+    assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+    assert_int_equal(ncfsm_work_wait(w, 10000), NCFSM_ERR_TIMEOUT);
+    if (has) {
+      assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_REVOKED, 5000), NCFSM_OK);
+      assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "revoked it"));
+    } else {
+      assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_CLOSED, 5000), NCFSM_OK);
+      assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "aborts it"));
+    }
+    assert_int_equal(ncfsm_work_release(w), NCFSM_OK);
+    teardown_all(loop, c, 2);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_inflight_never_ok),
@@ -397,6 +448,8 @@ int main(void) {
       cmocka_unit_test(test_watchdog_default_on),
       cmocka_unit_test(test_async_cause_independent_of_timing),
       cmocka_unit_test(test_finalize_during_launch),
+      cmocka_unit_test(test_work_own_timeout),
+      cmocka_unit_test(test_policy_revoke),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
