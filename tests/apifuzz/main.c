@@ -370,6 +370,11 @@ int main(int argc, char **argv) {
   }
   /* Blocking sim inits and finalizes wait for peers at most this long. */
   setenv("NCFSM_SIM_WAIT_MS", "200", 0);
+  /* A collective whose fingerprints differ across ranks hangs (except a
+   * Broadcast root), so that any NCFSM_OK of one is a violation; the sim's
+   * "nccl" model lets some complete silently with wrong data, which ncfsm
+   * cannot see without a cross-rank fingerprint check (docs/fuzzing.md). */
+  setenv("NCFSM_SIM_MISMATCH", "hang", 0);
   g.report_fd = 2;
 
   fz_shared *shared = mmap(NULL, sizeof(fz_shared) * (size_t)jobs, PROT_READ | PROT_WRITE,
