@@ -42,6 +42,19 @@ __attribute__((unused)) static ncfsm_result_t fz__release_res(ncfsm_result_t (*f
 #define fz_work_release(w)                                                                        \
   _Generic(&ncfsm_work_release, void (*)(ncfsm_work *): fz__release_void, default: fz__release_res)( \
       ncfsm_work_release, (w))
+/* Calls newer than the first engine the fuzzer ran on: weak references,
+ * NULL when the library lacks them (an older engine), so one source builds
+ * against both. NCFSM_DEFAULT_TIMEOUT_MS came with the same header change as
+ * NCFSM_ON_ERROR_REVOKE. */
+#pragma weak ncfsm_work_set_timeout
+ncfsm_result_t ncfsm_work_set_timeout(ncfsm_work *w, uint64_t timeout_ms);
+#pragma weak ncfsm_comm_failure
+const char *ncfsm_comm_failure(const ncfsm_comm *comm);
+#ifdef NCFSM_DEFAULT_TIMEOUT_MS
+#define FZ_HAVE_POLICY_REVOKE 1
+#else
+#define FZ_HAVE_POLICY_REVOKE 0
+#endif
 /* A wait that ran out of its own time limit: NCFSM_ERR_TIMEOUT today,
  * possibly NCFSM_ERR_AGAIN after the fix. */
 #define FZ_WAIT_TIMED_OUT(r) ((r) == NCFSM_ERR_TIMEOUT || (r) == NCFSM_ERR_AGAIN)

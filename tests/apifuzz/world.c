@@ -242,7 +242,11 @@ fz_clique *fz_clique_new(fz_loop *l, int n, const ncfsm_comm_opts *base, const n
     ncfsm_comm_opts_init(&o);
     o.blocking = fz_chance(0.07);
     o.timeout_ms = fz_chance(0.55) ? (uint64_t)(g.o.bounded ? fz_range(5, 40) : fz_range(5, 80)) : 0;
-    o.on_error = fz_chance(0.3) ? NCFSM_ON_ERROR_STAY : NCFSM_ON_ERROR_ABORT;
+    int pol = fz_below(10);
+    o.on_error = pol < 3 ? NCFSM_ON_ERROR_STAY : NCFSM_ON_ERROR_ABORT;
+#if FZ_HAVE_POLICY_REVOKE
+    if (pol == 9) o.on_error = NCFSM_ON_ERROR_REVOKE;
+#endif
     o.timing = fz_chance(0.2);
     o.on_state = fz_chance(0.5) ? fz_state_cb : NULL;
     same_device = fz_chance(0.15);
@@ -283,9 +287,10 @@ fz_clique *fz_clique_new(fz_loop *l, int n, const ncfsm_comm_opts *base, const n
     q->c[r] = c;
   }
   static const char *modes[] = {"init_all", "new+init", "new, init later", "new+init in a group"};
+  static const char *pols[] = {"abort", "stay", "exit", "revoke"};
   fz_log("clique q%d on L%d: %d rank(s), %s, %s, timeout %llu ms, on_error %s%s, polls i%d/l%d/f%d/r%d%s%s",
          q->id, l->id, n, modes[init_mode], o.blocking ? "blocking" : "nonblocking",
-         (unsigned long long)o.timeout_ms, o.on_error == NCFSM_ON_ERROR_STAY ? "stay" : "abort",
+         (unsigned long long)o.timeout_ms, (unsigned)o.on_error < 4 ? pols[o.on_error] : "?",
          same_device ? ", one device" : "", q->so[0].init_polls, q->so[0].launch_polls,
          q->so[0].finalize_polls, q->so[0].revoke_polls, q->so[0].has_revoke ? "" : ", no revoke", desc);
 
@@ -914,7 +919,7 @@ static void act_work(void) {
   fz_op *op = pick_held(NULL);
   if (!op) return;
   fz_loop *l = op->c->q->loop;
-  switch (fz_below(6)) {
+  switch (fz_below(7)) {
     case 0:
     case 1:
       fz_wait_work(op, (uint64_t)fz_range(1, g.o.bounded ? 20 : 50));
@@ -947,6 +952,23 @@ static void act_work(void) {
       check_times(op);
       fz_log("ncfsm_work_get_times(op %d)", op->id);
       break;
+    case 4:
+      if (ncfsm_work_set_timeout) { /* a per-work deadline */
+        uint64_t ms = fz_chance(0.2) ? 0 : (uint64_t)fz_range(1, g.o.bounded ? 30 : 60);
+        ncfsm_work_state_t ws = ncfsm_work_state(op->w);
+        ncfsm_result_t rc = ncfsm_work_set_timeout(op->w, ms);
+        g.n_calls += 2;
+        fz_log("ncfsm_work_set_timeout(op %d, %llu ms) in %s -> %s", op->id, (unsigned long long)ms,
+               (unsigned)ws < NCFSM_WORK_STATE_COUNT ? ncfsm_work_state_name(ws) : "?", rname(rc));
+        if (quiet(l) && fz_is_final_wstate((int)ws) && rc == NCFSM_OK)
+          fz_violation("ncfsm_work_set_timeout(op %d) returned OK on a final work (%s)", op->id,
+                       ncfsm_work_state_name(ws));
+        if (quiet(l) && !fz_is_final_wstate((int)ws) && rc != NCFSM_OK)
+          fz_violation("ncfsm_work_set_timeout(op %d) on a work in %s returned %s", op->id,
+                       ncfsm_work_state_name(ws), rname(rc));
+        break;
+      }
+      /* fall through */
     default:
       fz_release(op);
       if (fz_chance(g.o.p_double_release * 5)) fz_release(op); /* right away: the memory is not reused yet */
@@ -1454,6 +1476,14 @@ static void act_getters(void) {
       fz_violation("q%d/r%d: ncfsm_comm_rank/size are %d/%d", q->id, r, rank, size);
     if (dev != c->device) fz_violation("q%d/r%d: ncfsm_comm_device is %d, not %d", q->id, r, dev, c->device);
     if (!le) fz_violation("q%d/r%d: ncfsm_comm_last_error returned NULL", q->id, r);
+    if (ncfsm_comm_failure) {
+      ncfsm_state_t s = ncfsm_comm_state(c->h);
+      const char *fl = ncfsm_comm_failure(c->h);
+      g.n_calls += 2;
+      if (!fl || (quiet(l) && s == NCFSM_STATE_ERROR && !*fl))
+        fz_violation("q%d/r%d: ncfsm_comm_failure is %s in state %s", q->id, r, fl ? "empty" : "NULL",
+                     ncfsm_state_name(s));
+    }
     if (quiet(l) && seq != c->coll_accepted)
       fz_violation("q%d/r%d: ncfsm_comm_seq is %llu but %llu collectives were accepted", q->id, r,
                    (unsigned long long)seq, (unsigned long long)c->coll_accepted);
