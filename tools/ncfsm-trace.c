@@ -1,7 +1,7 @@
 /*
- * ncfsm-trace: reads the flight recorder dumps of all ranks (JSON, version 1,
- * the format of /work/notes/recorder-format.md as summarised in
- * docs/troubleshooting.md) and names the first place where the ranks diverge.
+ * ncfsm-trace: reads the flight recorder dumps of all ranks (JSON, version 1;
+ * docs/troubleshooting.md, "The dumps it reads") and names the first place
+ * where the ranks diverge.
  *
  *   ncfsm-trace [--json] [--comm ID] DIR|FILE...
  *
