@@ -27,4 +27,4 @@ NCFSM_UPDATE_EXPECTED=1 ctest --test-dir "$BUILD" -L expected --output-on-failur
 echo "== checking"
 ctest --test-dir "$BUILD" -L expected --output-on-failure
 echo "== changed files"
-git -C "$ROOT" status --short -- examples | grep . || echo "(none: the expected outputs were up to date)"
+git -C "$ROOT" status --short -- examples tests/trace docs | grep . || echo "(none: the expected outputs were up to date)"
