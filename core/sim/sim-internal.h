@@ -70,7 +70,7 @@ struct sim_unit;
 typedef uint64_t shm_off;
 
 #define SIM_SHM_MAGIC 0x4d485353u /* "SSHM" */
-#define SIM_SHM_VERSION 2u
+#define SIM_SHM_VERSION 3u
 #define SIM_SHM_PREFIX "ncfsm-sim-"
 #define SIM_SHM_NAME_MAX 64
 
@@ -78,7 +78,17 @@ enum {
   SHM_OP_DEPOSITED = 1u << 0, /* send data copied into the arena; executable */
   SHM_OP_DONE = 1u << 1,      /* executed: the result waits for its owner */
   SHM_OP_INVISIBLE = 1u << 2, /* never_arrive: never matches */
-  SHM_OP_DEAD = 1u << 3       /* injected async error: never executes (R10) */
+  SHM_OP_DEAD = 1u << 3,      /* injected async error: never executes (R10) */
+  SHM_OP_NOTED = 1u << 4      /* its instance's R11 mismatch was logged (informational only) */
+};
+
+/* What a collective instance whose fingerprints differ across ranks does
+ * (R11, sim_exec.c; docs/sim.md "R11 matching"): chosen by the process that
+ * creates the clique (NCFSM_SIM_MISMATCH) and kept in the segment, so that
+ * every process executes mismatches alike. */
+enum {
+  SIM_MISMATCH_NCCL = 0, /* "nccl" (default): what NCCL 2.28 did, measured; model choices beyond */
+  SIM_MISMATCH_HANG = 1  /* "hang": never executes, except that a Broadcast root completes locally */
 };
 
 /* Header of an arena block (SHM_ALIGN bytes). `next` links free blocks
@@ -136,6 +146,8 @@ typedef struct shm_hdr {
   shm_off jrn_off;      /* the commit record (shm_journal) */
   uint32_t jcap;        /* its capacity in ops: max(nranks, 2) */
   uint32_t recoveries;  /* times a lock holder's death was repaired */
+  uint32_t mismatch;    /* SIM_MISMATCH_*: how R11 mismatches execute */
+  uint32_t pad;
   pthread_mutex_t mu;   /* PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST */
   shm_rank rank[];      /* nranks */
 } shm_hdr;

@@ -22,28 +22,30 @@
  * group read the same input and the result is wrong, as measured; separate
  * launches are separate units and run one after the other.
  *
- * A collective whose fingerprints differ across ranks never executes, except
- * that a Broadcast root completes locally (R11: a root may return while its
- * peers hang). Ops of a never_arrive rank are invisible to peers; an op hit
- * by an injected async error never executes (R10). A rank whose process died
- * fails its peers' unfinished work with ncclRemoteError. An op that executed
- * (or was dropped) leaves its comm's count of outstanding ops, which the
- * drift limit in sim.c reads (R13). An instance is committed through the
+ * A collective whose fingerprints differ across ranks runs as NCCL 2.28 was
+ * measured to run it (R11, plan_mismatch below): on some ranks it completes,
+ * with no error, and on the others it hangs. Ops of a never_arrive rank are
+ * invisible to peers; an op hit by an injected async error never executes
+ * (R10). A rank whose process died fails its peers' unfinished work with
+ * ncclRemoteError. An op that executed (or was dropped) leaves its comm's
+ * count of outstanding ops, which the drift limit in sim.c reads (R13). An instance is committed through the
  * segment's commit record (sim_shm.c), so that it executes on all of its ops
  * or on none even when the process dies half-way.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
 #include "core/sim/sim-internal.h"
 
-typedef enum { INST_COLL, INST_P2P, INST_LOCAL } inst_kind;
+typedef enum { INST_COLL, INST_P2P, INST_PART } inst_kind;
 
 typedef struct sim_inst {
   inst_kind kind;
   int nops;
-  shm_op **ops;         /* COLL: one per rank; P2P: send, recv; LOCAL: the root's op */
+  shm_op **ops;         /* COLL: one per rank; P2P: send, recv; PART: the ops that complete */
+  shm_op **from;        /* PART: whose send data each op receives (NULL: none) */
   uint64_t *roff, *rlen; /* each op's slice of the result block */
   shm_off res;          /* result block: [refs][pad to 64][data] */
 } sim_inst;
@@ -196,9 +198,51 @@ static const void *sendp(sim_clique *q, const shm_op *o) {
   return o->send ? SHM_PTR(q, o->send) : NULL;
 }
 
+/* A mismatched instance's ops that complete (R11): each gets a copy of the
+ * send data of its `from` op (its own, for a Broadcast root), capped at its
+ * own size, or nothing (NULL: its receive buffer stays as it was). One slice
+ * per source. 0 when done, 1 when the arena has no room yet, -1 on an
+ * impossible size. */
+static int compute_part(sim_clique *q, sim_inst *in) {
+  size_t len = 0;
+  for (int k = 0; k < in->nops; k++) {
+    const shm_op *o = in->ops[k], *f = in->from[k];
+    size_t own;
+    int j = 0;
+    if (!mul_ok((size_t)o->count, ncfsm__sim_dtype_size(o->dtype), &own)) return -1;
+    in->roff[k] = in->rlen[k] = 0;
+    if (!f || !f->send) continue;
+    size_t sl = (size_t)f->send_len;
+    in->rlen[k] = sl < own ? sl : own;
+    while (j < k && in->from[j] != f) j++;
+    if (j < k) { /* the slice of this source is there already */
+      in->roff[k] = in->roff[j];
+      continue;
+    }
+    in->roff[k] = len;
+    if (len + sl < len) return -1;
+    len += sl;
+  }
+  if (!len) return 0; /* nothing to copy: the ops complete without data */
+  shm_off res = ncfsm__sim_shm_alloc(q, len + RES_HDR, NULL);
+  if (!res) return 1;
+  *(uint64_t *)SHM_PTR(q, res) = (uint64_t)in->nops; /* one reference per op */
+  unsigned char *sc = (unsigned char *)SHM_PTR(q, res) + RES_HDR;
+  in->res = res;
+  for (int k = 0; k < in->nops; k++) {
+    const shm_op *f = in->from[k];
+    int j = 0;
+    while (j < k && in->from[j] != f) j++;
+    if (f && f->send && j == k) memcpy(sc + in->roff[k], sendp(q, f), (size_t)f->send_len);
+    in->roff[k] += RES_HDR;
+  }
+  return 0;
+}
+
 /* Computes the instance's result block. 0 when done, 1 when the arena has
  * no room yet, -1 on an impossible size. */
 static int compute(sim_clique *q, sim_inst *in) {
+  if (in->kind == INST_PART) return compute_part(q, in);
   shm_op **o = in->ops;
   int n = in->nops;
   const shm_op *a0 = o[0];
@@ -224,9 +268,9 @@ static int compute(sim_clique *q, sim_inst *in) {
   in->res = res;
 #define OUT(r, off, l) (in->roff[r] = RES_HDR + (off), in->rlen[r] = (l))
 
-  if (in->kind == INST_P2P || in->kind == INST_LOCAL) { /* send -> recv */
+  if (in->kind == INST_P2P) { /* send -> recv */
     memcpy(sc, sendp(q, o[0]), blk);
-    OUT(in->kind == INST_P2P ? 1 : 0, 0, blk);
+    OUT(1, 0, blk);
     return 0;
   }
   int root = a0->root;
@@ -279,7 +323,16 @@ static int compute(sim_clique *q, sim_inst *in) {
   return 0;
 }
 
-static int push_inst(sim_inst **v, int *nv, int *cap, inst_kind kind, shm_op **ops, int nops) {
+static void inst_free(sim_inst *in) {
+  free(in->ops);
+  free(in->from);
+  free(in->roff);
+  free(in->rlen);
+}
+
+/* from: PART only (one per op), else NULL. */
+static int push_inst(sim_inst **v, int *nv, int *cap, inst_kind kind, shm_op **ops, shm_op **from,
+                     int nops) {
   if (*nv == *cap) {
     int ncap = *cap ? *cap * 2 : 8;
     sim_inst *nvv = realloc(*v, (size_t)ncap * sizeof *nvv);
@@ -291,13 +344,13 @@ static int push_inst(sim_inst **v, int *nv, int *cap, inst_kind kind, shm_op **o
   in.ops = malloc((size_t)nops * sizeof *in.ops);
   in.roff = calloc((size_t)nops, sizeof *in.roff);
   in.rlen = calloc((size_t)nops, sizeof *in.rlen);
-  if (!in.ops || !in.roff || !in.rlen) {
-    free(in.ops);
-    free(in.roff);
-    free(in.rlen);
+  if (from) in.from = malloc((size_t)nops * sizeof *in.from);
+  if (!in.ops || !in.roff || !in.rlen || (from && !in.from)) {
+    inst_free(&in);
     return -1;
   }
   memcpy(in.ops, ops, (size_t)nops * sizeof *ops);
+  if (from) memcpy(in.from, from, (size_t)nops * sizeof *from);
   (*v)[(*nv)++] = in;
   return 0;
 }
@@ -327,6 +380,127 @@ static shm_op *find_recv(sim_clique *q, int r, int from, uint64_t idx) {
   return NULL;
 }
 
+/* ---- R11: an instance whose fingerprints differ across ranks -------------------------
+ * Measured on NCCL 2.28.3 and 2.28.9 (NCCL-RULES R11; 2 ranks, nonblocking,
+ * after a correct AllReduce, 1-8 floats), with no async error on any rank:
+ *   Broadcast root 0 / AllReduce      the root completes with its own data; the other hangs
+ *   AllReduce count 4 / count 8       the smaller count completes; the larger hangs
+ *   AllReduce float32 / int32         both complete
+ *   Broadcast root 0 / root 1         both complete, each with its own data
+ *   AllReduce sum / max               both complete, both with the sum (rank 0's operator)
+ * The sim's model, for any number of ranks (beyond 2 ranks and these kinds
+ * a model choice, docs/sim.md "R11 matching"). Classified in this order:
+ *   op     the kinds differ: only the Broadcast roots complete (below);
+ *   count  the sizes in bytes (count x type size) differ: the ops of the
+ *          smallest size complete without data (their receive buffers stay
+ *          as they were: what NCCL leaves there was not measured);
+ *   root   a rooted kind, roots differ: for Broadcast, a rank that names a
+ *          root which names itself gets that root's data, others hang; for
+ *          Reduce, Gather and Scatter every rank hangs;
+ *   silent only the type and/or the reduction operator differ: every rank
+ *          completes with the result of rank 0's op (its type and operator).
+ * In every case a Broadcast rank that is its own root only sends: it
+ * completes with its own data. NCFSM_SIM_MISMATCH=hang (SIM_MISMATCH_HANG)
+ * keeps only that rule: everything else hangs. The plan depends only on the
+ * fingerprints, so whichever process runs it decides the same, and after a
+ * crash the same plan is made again; the ops that complete are committed
+ * through one commit record (all of them or none). */
+typedef struct mm_plan {
+  const char *what; /* the mismatch, for the log */
+  int silent;       /* every rank completes with rank 0's op's result (INST_COLL) */
+  int ndone;        /* the ops that complete (INST_PART) */
+} mm_plan;
+
+static size_t op_bytes(const shm_op *o) {
+  size_t b;
+  return mul_ok((size_t)o->count, ncfsm__sim_dtype_size(o->dtype), &b) ? b : SIZE_MAX;
+}
+
+/* ops[r]: rank r's op of the instance. done[0..ndone) and from[]: the ops
+ * that complete and whose send data each receives (NULL: none). */
+static void plan_mismatch(uint32_t mode, shm_op *const *ops, int n, mm_plan *pl, shm_op **done,
+                          shm_op **from) {
+  int kind = 0, bytes = 0, count = 0, dtype = 0, root = 0, redop = 0;
+  size_t b0 = op_bytes(ops[0]), minb = b0;
+  for (int r = 1; r < n; r++) {
+    const shm_op *o = ops[r];
+    size_t b = op_bytes(o);
+    kind |= o->kind != ops[0]->kind;
+    bytes |= b != b0;
+    count |= o->count != ops[0]->count;
+    dtype |= o->dtype != ops[0]->dtype;
+    root |= o->root != ops[0]->root;
+    redop |= o->redop != ops[0]->redop;
+    if (b < minb) minb = b;
+  }
+  root &= !kind && is_rooted(ops[0]->kind);
+  redop &= !kind && is_reducing(ops[0]->kind);
+  pl->what = kind     ? "op"
+             : bytes  ? (count ? (dtype ? "count and dtype" : "count") : "dtype size")
+             : root   ? "root"
+             : dtype  ? (redop ? "dtype and redop" : "dtype")
+                      : "redop";
+  pl->silent = mode == SIM_MISMATCH_NCCL && !kind && !bytes && !root;
+  pl->ndone = 0;
+  if (pl->silent) return;
+  for (int r = 0; r < n; r++) {
+    shm_op *o = ops[r], *f = NULL;
+    int completes = 0;
+    if (o->kind == NCFSM_KIND_BROADCAST && o->root == r) { /* a root only sends */
+      completes = 1;
+      f = o;
+    } else if (mode == SIM_MISMATCH_NCCL && !kind) {
+      if (bytes) {
+        completes = op_bytes(o) == minb; /* without data */
+      } else if (root && o->kind == NCFSM_KIND_BROADCAST && o->root >= 0 && o->root < n &&
+                 ops[o->root]->root == o->root) {
+        completes = 1; /* its root sends */
+        f = ops[o->root];
+      }
+    }
+    if (completes) {
+      done[pl->ndone] = o;
+      from[pl->ndone++] = f;
+    }
+  }
+}
+
+/* Log the instance's mismatch once (INFO, subsystem SIM): NCCL reports nothing. */
+static void note_mismatch(uint32_t mode, uint64_t idx, shm_op *const *ops, int n, const mm_plan *pl,
+                          shm_op *const *done, shm_op *const *from) {
+  int noted = 1;
+  for (int r = 0; r < n; r++) {
+    noted &= (ops[r]->flags & SHM_OP_NOTED) != 0;
+    ops[r]->flags |= SHM_OP_NOTED;
+  }
+  if (noted) return;
+  char buf[1024];
+  size_t len = 0;
+  for (int r = 0; r < n && len < sizeof buf; r++) {
+    const shm_op *o = ops[r];
+    char fate[64] = "hangs";
+    if (pl->silent) snprintf(fate, sizeof fate, "completes with rank 0's result");
+    for (int k = 0; k < pl->ndone; k++)
+      if (done[k] == o) {
+        if (from[k] == o) snprintf(fate, sizeof fate, "completes with its own data");
+        else if (from[k]) snprintf(fate, sizeof fate, "completes with rank %d's data", (int)from[k]->rank);
+        else snprintf(fate, sizeof fate, "completes, receive buffer untouched");
+      }
+    char extra[32] = "";
+    if (is_rooted(o->kind)) snprintf(extra, sizeof extra, " root %d", (int)o->root);
+    else if (is_reducing(o->kind))
+      snprintf(extra, sizeof extra, " %s", ncfsm_redop_name((ncfsm_redop_t)o->redop));
+    int w = snprintf(buf + len, sizeof buf - len, "%srank %d %s count %llu %s%s: %s", r ? "; " : "", r,
+                     ncfsm_opkind_name((ncfsm_opkind_t)o->kind), (unsigned long long)o->count,
+                     ncfsm_dtype_name((ncfsm_dtype_t)o->dtype), extra, fate);
+    if (w < 0) break;
+    len += (size_t)w;
+  }
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: collective %llu: %s mismatch across ranks, no error reported (R11%s): %s",
+             (unsigned long long)idx, pl->what, mode == SIM_MISMATCH_HANG ? ", NCFSM_SIM_MISMATCH=hang" : "",
+             buf);
+}
+
 /* One step over the whole clique; returns the number of instances executed. */
 static int execute(sim_clique *q) {
   shm_hdr *h = q->h;
@@ -352,16 +526,18 @@ static int execute(sim_clique *q) {
       }
       if (!ready) continue;
       if (same) {
-        if (push_inst(&v, &nv, &cap, INST_COLL, ops, n)) goto out;
+        if (push_inst(&v, &nv, &cap, INST_COLL, ops, NULL, n)) goto out;
         continue;
       }
-      /* R11 mismatch: never executes; a Broadcast root returns locally. */
-      for (int r = 0; r < n; r++) {
-        if (ops[r]->kind == NCFSM_KIND_BROADCAST && ops[r]->root == r) {
-          NCFSM_INFO(NCFSM__SUB_SIM, "sim: collective %llu mismatches across ranks; broadcast root %d "
-                     "completes locally, peers hang (R11)", (unsigned long long)o->idx, r);
-          if (push_inst(&v, &nv, &cap, INST_LOCAL, &ops[r], 1)) goto out;
-        }
+      /* R11 mismatch: some ranks complete (silently), the others hang */
+      mm_plan pl;
+      shm_op *done[n > 0 ? n : 1], *from[n > 0 ? n : 1];
+      plan_mismatch(h->mismatch, ops, n, &pl, done, from);
+      note_mismatch(h->mismatch, o->idx, ops, n, &pl, done, from);
+      if (pl.silent) {
+        if (push_inst(&v, &nv, &cap, INST_COLL, ops, NULL, n)) goto out;
+      } else if (pl.ndone) {
+        if (push_inst(&v, &nv, &cap, INST_PART, done, from, pl.ndone)) goto out;
       }
     }
   }
@@ -380,7 +556,7 @@ static int execute(sim_clique *q) {
       shm_op *rv = find_recv(q, p, r, o->idx);
       if (!matchable(rv) || rv->count != o->count || rv->dtype != o->dtype) continue;
       shm_op *pair[2] = {o, rv};
-      if (push_inst(&v, &nv, &cap, INST_P2P, pair, 2)) goto out;
+      if (push_inst(&v, &nv, &cap, INST_P2P, pair, NULL, 2)) goto out;
     }
   }
   if (!nv) goto out;
@@ -413,11 +589,7 @@ static int execute(sim_clique *q) {
   }
 
 out:
-  for (int i = 0; i < nv; i++) {
-    free(v[i].ops);
-    free(v[i].roff);
-    free(v[i].rlen);
-  }
+  for (int i = 0; i < nv; i++) inst_free(&v[i]);
   free(v);
   return executed;
 }

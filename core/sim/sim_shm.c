@@ -56,6 +56,15 @@ static uint64_t arena_bytes(void) {
   return round_up((uint64_t)v, 4096);
 }
 
+/* NCFSM_SIM_MISMATCH, read by the process that creates a clique. */
+static uint32_t mismatch_mode(void) {
+  const char *v = ncfsm__env_str("NCFSM_SIM_MISMATCH", "nccl");
+  if (!strcmp(v, "nccl") || !*v) return SIM_MISMATCH_NCCL;
+  if (!strcmp(v, "hang")) return SIM_MISMATCH_HANG;
+  NCFSM_WARN(NCFSM__SUB_SIM, "sim: NCFSM_SIM_MISMATCH=%s is not nccl or hang: using nccl", v);
+  return SIM_MISMATCH_NCCL;
+}
+
 /* A process that is gone (or a zombie: killed but not reaped). */
 static int pid_dead(int pid) {
   if (pid <= 0) return 1;
@@ -638,6 +647,7 @@ static int init_segment(sim_clique *q, int nranks, uint64_t seed, uint64_t arena
   h->backed = hb;
   h->jrn_off = jrn_off(nranks);
   h->jcap = jrn_cap(nranks);
+  h->mismatch = mismatch_mode();
   pthread_mutexattr_t ma;
   if (pthread_mutexattr_init(&ma) || pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED) ||
       pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST) || pthread_mutex_init(&h->mu, &ma))
