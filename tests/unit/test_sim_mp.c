@@ -3,9 +3,10 @@
  * communicator, form one clique through the shared-memory segment named from
  * the unique id that the parent made (docs/sim.md, "Processes"). Checks the
  * data of every collective, R12 in one group, R2 poisoning on the raw
- * backend, fault injection (async_error_at_op, never_arrive, fail_init), an
- * R11 mismatch, ranks killed with SIGKILL (holding the clique's lock, and
- * not), the arena bound, stale-segment cleanup, and that no /dev/shm file is
+ * backend, fault injection (async_error_at_op, never_arrive, fail_init), R11
+ * mismatches (NCCL-RULES R11's measured table with 2 processes, the sim's
+ * model with 4, and a process that dies committing one), ranks killed
+ * with SIGKILL (holding the clique's lock, and not), the arena bound, stale-segment cleanup, and that no /dev/shm file is
  * left behind. Also R13 across processes (the drift limit), a process that
  * dies inside the clique's critical section half-way through an update (the
  * survivors repair the segment and go on), and fork(): a child must not use
@@ -68,12 +69,16 @@ static void sleep_ms(int ms) {
 
 typedef int (*rank_fn)(int rank);
 
-/* expect_kill: bit r set when rank r is meant to die of SIGKILL. */
-static void run_ranks(rank_fn fn, unsigned expect_kill) {
+static int g_n = N; /* ranks of the clique: set by run_ranks_n for its children */
+
+/* n (<= N) ranks run fn; expect_kill: bit r set when rank r is meant to die of SIGKILL. */
+static void run_ranks_n(int n, rank_fn fn, unsigned expect_kill) {
+  assert_true(n >= 1 && n <= N);
+  g_n = n;
   assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &g_id), NCFSM_OK);
   fflush(NULL);
   pid_t pid[N];
-  for (int r = 0; r < N; r++) {
+  for (int r = 0; r < g_n; r++) {
     pid[r] = fork();
     assert_true(pid[r] >= 0);
     if (pid[r] == 0) {
@@ -83,23 +88,23 @@ static void run_ranks(rank_fn fn, unsigned expect_kill) {
       _exit(rc ? 1 : 0);
     }
   }
-  int status[N], left = N;
-  for (int r = 0; r < N; r++) status[r] = -1;
+  int status[N], left = g_n;
+  for (int r = 0; r < g_n; r++) status[r] = -1;
   for (int t = 0; left && t < 20000; t++) { /* 20 s */
-    for (int r = 0; r < N; r++) {
+    for (int r = 0; r < g_n; r++) {
       if (status[r] != -1) continue;
       if (waitpid(pid[r], &status[r], WNOHANG) == pid[r]) left--;
       else status[r] = -1;
     }
     if (left) sleep_ms(1);
   }
-  for (int r = 0; r < N; r++)
+  for (int r = 0; r < g_n; r++)
     if (status[r] == -1) {
       kill(pid[r], SIGKILL);
       waitpid(pid[r], &status[r], 0);
       fail_msg("rank %d hung (killed after 20 s)", r);
     }
-  for (int r = 0; r < N; r++) {
+  for (int r = 0; r < g_n; r++) {
     if (expect_kill & (1u << r)) {
       if (!WIFSIGNALED(status[r]) || WTERMSIG(status[r]) != SIGKILL)
         fail_msg("rank %d: expected to die of SIGKILL, status 0x%x", r, status[r]);
@@ -110,6 +115,8 @@ static void run_ranks(rank_fn fn, unsigned expect_kill) {
   /* the last live rank unlinked the segment */
   if (segment_exists(&g_id)) fail_msg("a /dev/shm segment was left behind");
 }
+
+static void run_ranks(rank_fn fn, unsigned expect_kill) { run_ranks_n(N, fn, expect_kill); }
 
 /* ---- a child's communicator ---------------------------------------------------- */
 
@@ -130,7 +137,7 @@ static int open_comm(ctx *x, int rank, const ncfsm_sim_opts *so, uint64_t timeou
   o.timeout_ms = timeout_ms;
   o.name = "mp";
   if (ncfsm_comm_new(x->loop, &o, &x->c) != NCFSM_OK) return -1;
-  return ncfsm_comm_init(x->c, N, rank, &g_id) == NCFSM_OK ? 0 : -1;
+  return ncfsm_comm_init(x->c, g_n, rank, &g_id) == NCFSM_OK ? 0 : -1;
 }
 
 static int close_comm(ctx *x) {
@@ -595,6 +602,155 @@ static int drain_stream(void *stream) {
   return q;
 }
 
+/* ---- R11: mismatched collectives, one rank per process ------------------------------
+ * NCCL-RULES R11's table (measured with 2 processes on 2.28.3 and 2.28.9), row
+ * for row through ncfsm with a 400 ms watchdog, plus two rows of the sim's
+ * model for 4 processes (docs/sim.md, "R11 matching"). A rank that completes
+ * gets NCFSM_OK and stays READY; a rank that hangs ends in NCFSM_ERR_TIMEOUT;
+ * no rank ever has an async error. */
+
+enum { MX_HANG = 0, MX_ANY, MX_SUM, MX_SKIP, MX_FROM };
+#define MX_SENTINEL 0xdeadbeefu
+
+typedef struct mx_row {
+  const char *name;
+  int n;
+  ncfsm__op op[N];
+  int expect[N]; /* MX_FROM + p: rank p's input */
+} mx_row;
+
+#define MX_AR(c, dt, ro) {NCFSM_KIND_ALLREDUCE, NULL, NULL, c, dt, ro, -1, -1, NULL}
+#define MX_BC(c, root) {NCFSM_KIND_BROADCAST, NULL, NULL, c, NCFSM_FLOAT32, NCFSM_OP_SUM, root, -1, NULL}
+static const mx_row mx_rows[] = {
+    {"Broadcast root 0 / AllReduce sum", 2, {MX_BC(4, 0), MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM)},
+     {MX_FROM + 0, MX_HANG}},
+    {"AllReduce count 4 / count 8", 2,
+     {MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM), MX_AR(8, NCFSM_FLOAT32, NCFSM_OP_SUM)}, {MX_ANY, MX_HANG}},
+    {"rank 0 skips / AllReduce", 2, {MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM), MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM)},
+     {MX_SKIP, MX_HANG}},
+    {"AllReduce float / int32", 2, {MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM), MX_AR(4, NCFSM_INT32, NCFSM_OP_SUM)},
+     {MX_SUM, MX_SUM}},
+    {"Broadcast root 0 / root 1", 2, {MX_BC(4, 0), MX_BC(4, 1)}, {MX_FROM + 0, MX_FROM + 1}},
+    {"AllReduce sum / max", 2, {MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM), MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_MAX)},
+     {MX_SUM, MX_SUM}},
+    /* the model, 4 processes */
+    {"AllReduce count 8 / 4 / 4 / 8", 4,
+     {MX_AR(8, NCFSM_FLOAT32, NCFSM_OP_SUM), MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM),
+      MX_AR(4, NCFSM_FLOAT32, NCFSM_OP_SUM), MX_AR(8, NCFSM_FLOAT32, NCFSM_OP_SUM)},
+     {MX_HANG, MX_ANY, MX_ANY, MX_HANG}},
+    {"Broadcast roots 0 / 0 / 0 / 3", 4, {MX_BC(4, 0), MX_BC(4, 0), MX_BC(4, 0), MX_BC(4, 3)},
+     {MX_FROM + 0, MX_FROM + 0, MX_FROM + 0, MX_FROM + 3}},
+};
+static int g_mx_row;
+
+static uint32_t mx_in(int rank, int i) { /* the bits of the float (rank + 1) * 10 + i */
+  float f = (float)((rank + 1) * 10 + i);
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static ncfsm_result_t mx_issue(ncfsm_comm *c, const ncfsm__op *a, ncfsm_work **w) {
+  if (a->kind == NCFSM_KIND_BROADCAST)
+    return ncfsm_broadcast(c, a->send, a->recv, a->count, a->dtype, a->root, NULL, NULL, NULL, w);
+  return ncfsm_allreduce(c, a->send, a->recv, a->count, a->dtype, a->redop, NULL, NULL, NULL, w);
+}
+
+static int r11_row_body(int rank) {
+  const mx_row *row = &mx_rows[g_mx_row];
+  ctx x = {0};
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  CHECK(open_comm(&x, rank, &so, 400) == 0);
+  CHECK(ncfsm_comm_wait_state(x.c, NCFSM_STATE_READY, WAIT_MS) == NCFSM_OK);
+  int32_t a = rank + 1; /* a correct warm-up first, as measured */
+  ncfsm_work *w;
+  CHECK(ncfsm_allreduce(x.c, &a, &a, 1, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
+  CHECK(ncfsm_work_wait(w, WAIT_MS) == NCFSM_OK);
+  ncfsm_work_release(w);
+  CHECK(a == row->n * (row->n + 1) / 2);
+  uint32_t in[8], out[8];
+  for (int i = 0; i < 8; i++) {
+    in[i] = mx_in(rank, i);
+    out[i] = MX_SENTINEL;
+  }
+  ncfsm__op op = row->op[rank];
+  op.send = in;
+  op.recv = out;
+  int e = row->expect[rank];
+  ncfsm_result_t st = NCFSM_OK;
+  if (e != MX_SKIP) {
+    CHECK(mx_issue(x.c, &op, &w) == NCFSM_OK);
+    for (int t = 0; t < 200 && (st = ncfsm_work_wait(w, 50)) == NCFSM_ERR_AGAIN; t++) {
+      ncfsm_sim_stats ss; /* while it runs: no async error */
+      CHECK(ncfsm_sim_get_stats(x.c, &ss) == NCFSM_OK);
+      CHECK(ss.async_state == NCFSM__NCCL_SUCCESS);
+    }
+    ncfsm_work_release(w);
+  }
+  size_t c = e == MX_SKIP ? 0 : op.count;
+  if (e == MX_HANG) {
+    CHECK(st == NCFSM_ERR_TIMEOUT);
+    CHECK(strstr(ncfsm_comm_failure(x.c), "watchdog") != NULL);
+    c = 0; /* untouched */
+  } else {
+    CHECK(st == NCFSM_OK);
+    CHECK(ncfsm_comm_state(x.c) == NCFSM_STATE_READY);
+    ncfsm_sim_stats ss;
+    CHECK(ncfsm_sim_get_stats(x.c, &ss) == NCFSM_OK);
+    CHECK(ss.async_state == NCFSM__NCCL_SUCCESS);
+  }
+  CHECK(ncfsm_comm_backend_error(x.c) == NCFSM__NCCL_SUCCESS);
+  for (size_t i = 0; i < 8; i++) {
+    if (i >= c) {
+      CHECK(out[i] == MX_SENTINEL);
+    } else if (e == MX_SUM) { /* rank 0's float32 SUM over every rank's bytes */
+      float want = 0, got;
+      for (int p = 0; p < row->n; p++) {
+        uint32_t u = mx_in(p, (int)i);
+        float f;
+        memcpy(&f, &u, sizeof f);
+        want += f;
+      }
+      memcpy(&got, &out[i], sizeof got);
+      CHECK(got == want);
+    } else if (e >= MX_FROM) {
+      CHECK(out[i] == mx_in(e - MX_FROM, (int)i));
+    }
+  }
+  /* stay until every rank is done: no peer leaves the clique early */
+  atomic_fetch_add(&g_fl->ready, 1);
+  for (int t = 0; t < WAIT_MS && atomic_load(&g_fl->ready) < row->n; t++) sleep_ms(1);
+  CHECK(atomic_load(&g_fl->ready) == row->n);
+  return close_comm(&x);
+}
+
+static int rank_r11_row(int rank) {
+  int rc = r11_row_body(rank);
+  if (rc) fprintf(stderr, "rank %d: R11 row \"%s\" failed\n", rank, mx_rows[g_mx_row].name);
+  return rc;
+}
+
+static void mx_run(int first, int last) {
+  for (int k = first; k <= last; k++) {
+    g_mx_row = k;
+    g_fl = flags_new();
+    run_ranks_n(mx_rows[k].n, rank_r11_row, 0);
+    munmap(g_fl, 4096);
+    g_fl = NULL;
+  }
+}
+
+static void test_mp_r11_table(void **state) {
+  (void)state;
+  mx_run(0, 5);
+}
+
+static void test_mp_r11_model(void **state) {
+  (void)state;
+  mx_run(6, 7);
+}
+
 /* As measured (R13), with the ranks in 4 processes: rank 0 alone gets 1,022
  * launches final, its 1,023rd stays InProgress (no error) while its peers
  * launch nothing, and becomes final once they launched. */
@@ -657,6 +813,7 @@ static void test_mp_r13_drift(void **state) {
  * the process goes on with a new clique. */
 #define CR 3
 static int g_crash_point;
+static int g_crash_mismatch; /* SIM_CRASH_EXEC on a mismatched (R11) instance */
 
 static sim_clique *my_clique(void) {
   for (sim_clique *q = ncfsm__sim_cliques; q; q = q->next)
@@ -781,11 +938,14 @@ static int survivor(void) {
   CHECK(be->group_end() == NCFSM__NCCL_IN_PROGRESS);
   for (int r = 0; r < 2; r++) CHECK(raw_wait_ok(c[r]) == 0);
   for (int r = 0; r < 2; r++) CHECK(be->stream_create(0, &s[r]) == 0);
-  int32_t ar[2][4];
+  int32_t ar[2][4], br[2][4];
   if (g_crash_point == SIM_CRASH_EXEC) { /* the victim will execute this instance and die in its commit */
     for (int r = 0; r < 2; r++) {
-      for (int j = 0; j < 4; j++) ar[r][j] = r + 1;
+      for (int j = 0; j < 4; j++) ar[r][j] = r + 1, br[r][j] = -1;
       ncfsm__op op = {NCFSM_KIND_ALLREDUCE, ar[r], ar[r], 4, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, s[r]};
+      /* or an R11 root mismatch (the victim names itself root): all three complete, in one record */
+      if (g_crash_mismatch)
+        op = (ncfsm__op){NCFSM_KIND_BROADCAST, ar[r], br[r], 4, NCFSM_INT32, NCFSM_OP_SUM, 0, -1, s[r]};
       CHECK(be->op(c[r], &op) == NCFSM__NCCL_IN_PROGRESS);
     }
     for (int r = 0; r < 2; r++) CHECK(raw_wait_ok(c[r]) == 0); /* posted and deposited */
@@ -810,7 +970,7 @@ static int survivor(void) {
   if (g_crash_point == SIM_CRASH_EXEC) { /* the dead process's commit is completed for everyone */
     for (int r = 0; r < 2; r++) CHECK(drain_stream(s[r]) == 0);
     for (int r = 0; r < 2; r++)
-      for (int j = 0; j < 4; j++) CHECK(ar[r][j] == 1 + 2 + 3);
+      for (int j = 0; j < 4; j++) CHECK(g_crash_mismatch ? br[r][j] == 1 : ar[r][j] == 1 + 2 + 3);
   }
   if (arena_stress(why, sizeof why)) {
     fprintf(stderr, "the repaired arena: %s\n", why);
@@ -858,6 +1018,7 @@ static int victim(void) {
   int32_t a[4] = {3, 3, 3, 3}, b[4] = {0};
   if (g_crash_point == SIM_CRASH_EXEC) { /* its op completes the survivors' AllReduce */
     ncfsm__op op = {NCFSM_KIND_ALLREDUCE, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, -1, -1, s};
+    if (g_crash_mismatch) op = (ncfsm__op){NCFSM_KIND_BROADCAST, a, b, 4, NCFSM_INT32, NCFSM_OP_SUM, 2, -1, s};
     CHECK(be->op(c, &op) == NCFSM__NCCL_IN_PROGRESS);
   } else { /* a send/recv to itself: allocates, executes, frees, unlinks */
     ncfsm__op sd = {NCFSM_KIND_SEND, a, NULL, 4, NCFSM_INT32, NCFSM_OP_SUM, -1, 2, s};
@@ -938,6 +1099,16 @@ static void test_crash_mid_unlink(void **state) {
 static void test_crash_mid_exec(void **state) {
   (void)state;
   run_crash(SIM_CRASH_EXEC);
+}
+/* The same, the instance being an R11 root mismatch (Broadcast root 0 on
+ * the survivors' ranks, root 2 on the victim's): every rank completes
+ * (rank 0 and rank 2 with their own data, rank 1 with rank 0's), through
+ * one commit record; the victim dies after marking rank 0's op only. */
+static void test_crash_mid_exec_mismatch(void **state) {
+  (void)state;
+  g_crash_mismatch = 1;
+  run_crash(SIM_CRASH_EXEC);
+  g_crash_mismatch = 0;
 }
 
 /* ---- fork ---------------------------------------------------------------------------------- */
@@ -1088,6 +1259,8 @@ int main(void) {
       cmocka_unit_test(test_crash_mid_free),      cmocka_unit_test(test_crash_mid_unlink),
       cmocka_unit_test(test_crash_mid_exec),      cmocka_unit_test(test_fork_child_cannot_use_parent_comms),
       cmocka_unit_test(test_fork_while_sim_busy),
+      cmocka_unit_test(test_mp_r11_table),        cmocka_unit_test(test_mp_r11_model),
+      cmocka_unit_test(test_crash_mid_exec_mismatch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
