@@ -116,7 +116,14 @@ static ncfsm_result_t comm_init_locked(ncfsm_comm *c, int nranks, int rank, cons
                      rank);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  if (!(c->p2p_seq = calloc((size_t)nranks, sizeof *c->p2p_seq))) return NCFSM_ERR_NO_MEMORY;
+  c->p2p_send_seq = calloc((size_t)nranks, sizeof *c->p2p_send_seq);
+  c->p2p_recv_seq = calloc((size_t)nranks, sizeof *c->p2p_recv_seq);
+  if (!c->p2p_send_seq || !c->p2p_recv_seq) {
+    free(c->p2p_send_seq);
+    free(c->p2p_recv_seq);
+    c->p2p_send_seq = c->p2p_recv_seq = NULL;
+    return NCFSM_ERR_NO_MEMORY;
+  }
   c->nranks = nranks;
   c->rank = rank;
   c->uid = *id;
@@ -517,8 +524,8 @@ int ncfsm_group_depth(ncfsm_loop *loop) {
 }
 
 static void describe_op(const ncfsm_work *w, char *buf, size_t len) {
-  snprintf(buf, len, "%s(seq %llu, rank %d, send %p, recv %p, count %zu)", ncfsm_opkind_name(w->op.kind),
-           (unsigned long long)w->fp.seq, w->comm->rank, w->op.send, (void *)w->op.recv, w->op.count);
+  snprintf(buf, len, "%s(rank %d, send %p, recv %p, count %zu)", ncfsm_opkind_name(w->op.kind),
+           w->comm->rank, w->op.send, (void *)w->op.recv, w->op.count);
 }
 
 static bool mixed_blocking(const ncfsm_work *works) {
@@ -723,8 +730,11 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   w->device_ms = -1;
   c->refs++;
   bool p2p = o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV;
+  /* The seq is taken at launch (launcher.c): a work refused, dropped with a
+   * failed group or failed before launch takes none, so the ranks' numbers
+   * stay equal when a group fails on one rank only (R11). */
   w->fp = (ncfsm_fingerprint_t){
-      .seq = p2p ? c->p2p_seq[o->peer]++ : c->coll_seq++,
+      .seq = NCFSM_SEQ_NONE,
       .op = (int32_t)o->kind,
       .dtype = (int32_t)o->dtype,
       .count = o->count,
@@ -732,8 +742,6 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
       .redop = op_reduces(o->kind) ? (int32_t)o->redop : -1,
       .peer = p2p ? o->peer : -1,
   };
-  if (!p2p) /* rolling hash of the collective sequence (R11); P2P matches pairwise */
-    c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);
   if (loop->trace) {
     ncfsm_trace_rec rec = {NCFSM_OBJ_WORK, w, c->rank, w->fp.seq, -1, -1, NCFSM_WORK_QUEUED, NCFSM_OK,
                            w->t_submit};

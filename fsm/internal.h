@@ -134,8 +134,9 @@ struct ncfsm_comm {
   int nsq, capsq;
   ncfsm__mark *free_marks;
   void *stream;       /* the comm's own stream (NULL stream argument) */
-  uint64_t coll_seq;
-  uint64_t *p2p_seq;  /* per peer */
+  uint64_t coll_seq;       /* the next collective's seq (taken at launch, R11) */
+  uint64_t *p2p_send_seq;  /* per peer: the next SEND to it */
+  uint64_t *p2p_recv_seq;  /* per peer: the next RECV from it */
   uint64_t hash;
   uint64_t phase_deadline;
   uint64_t async_watch_ns; /* last async-state poll while works were in flight */

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "fsm/internal.h"
 #include "ncfsm/bootstrap.h"
 
@@ -120,6 +122,20 @@ static void record_starts(ncfsm_work *taken) {
   }
 }
 
+/* R11: a work's seq is taken when it is handed to NCCL, in the comm's
+ * launch order; the rolling hash follows the collectives launched. */
+static void take_seq(ncfsm_work *w) {
+  ncfsm_comm *c = w->comm;
+  switch (w->op.kind) {
+    case NCFSM_KIND_SEND: w->fp.seq = c->p2p_send_seq[w->op.peer]++; break;
+    case NCFSM_KIND_RECV: w->fp.seq = c->p2p_recv_seq[w->op.peer]++; break;
+    default:
+      w->fp.seq = c->coll_seq++;
+      c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);
+      break;
+  }
+}
+
 /* One backend group: the taken works, over the comms set[0..n). */
 static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, int n) {
   const ncfsm__backend *be = set[0]->be;
@@ -130,6 +146,7 @@ static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, 
   for (ncfsm_work *w = taken, *next; w; w = next) {
     next = w->bnext;
     ncfsm_comm *c = w->comm;
+    take_seq(w);
     w->t_launch = now;
     w->deadline_ns = ncfsm__deadline(now, w->timeout_ms ? w->timeout_ms : c->opts.timeout_ms);
     ncfsm__work_set_state(w, NCFSM_WORK_LAUNCHING);
@@ -190,9 +207,11 @@ static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, 
  * clique: the comms share the unique id, and the ops the same sequence
  * number and kind. */
 static bool same_instance(const ncfsm_work *a, const ncfsm_work *b) {
+  /* Heads of their queues: each takes its comm's next seq at this launch (the
+   * works taken for this launch get theirs in launch_taken, in step). */
   return a->comm->be == b->comm->be && a->comm->opts.blocking == b->comm->opts.blocking &&
-         a->fp.seq == b->fp.seq && a->fp.op == b->fp.op && a->fp.peer < 0 && b->fp.peer < 0 &&
-         !memcmp(&a->comm->uid, &b->comm->uid, sizeof a->comm->uid);
+         a->comm->coll_seq == b->comm->coll_seq && a->fp.op == b->fp.op && a->fp.peer < 0 &&
+         b->fp.peer < 0 && !memcmp(&a->comm->uid, &b->comm->uid, sizeof a->comm->uid);
 }
 
 static bool head_ready(const ncfsm_comm *c) {

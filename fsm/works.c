@@ -35,7 +35,8 @@ static void comm_free(ncfsm_comm *c) {
   }
   if (c->stream) c->be->stream_destroy(c->stream);
   free(c->sq);
-  free(c->p2p_seq);
+  free(c->p2p_send_seq);
+  free(c->p2p_recv_seq);
   c->magic = NCFSM__DEAD_MAGIC;
   free(c);
 }

@@ -284,7 +284,11 @@ const char *ncfsm_comm_last_error(const ncfsm_comm *comm);
 const char *ncfsm_comm_failure(const ncfsm_comm *comm);
 /* The backend's async error code and last error text, when in ERROR. */
 int ncfsm_comm_backend_error(const ncfsm_comm *comm);
-/* Next sequence number and the rolling hash of all fingerprints so far. */
+/* The seq the next launched collective takes (collectives take their seq
+ * when they are handed to NCCL, in launch order: refused or failed-before-
+ * launch works take none), and the rolling hash of the fingerprints of all
+ * collectives launched so far (R11): equal on every rank of a correct
+ * program. Send/recv count per (peer, direction) and are not hashed. */
 uint64_t ncfsm_comm_seq(const ncfsm_comm *comm);
 uint64_t ncfsm_comm_hash(const ncfsm_comm *comm);
 /* Blocking: run the loop until the comm is in state s (OK), in a state from
@@ -360,6 +364,9 @@ ncfsm_result_t ncfsm_recv(ncfsm_comm *c, void *recv, size_t count, ncfsm_dtype_t
                           void *stream, ncfsm_work_cb cb, void *arg, ncfsm_work **out);
 
 /* ---- works ---------------------------------------------------------------- */
+/* A work's fingerprint seq until it is launched (and for ever when it never
+ * is: refused, failed with its group, failed before launch). */
+#define NCFSM_SEQ_NONE UINT64_MAX
 ncfsm_work_state_t ncfsm_work_state(const ncfsm_work *w);
 /* NCFSM_ERR_AGAIN while not final, else the final status. */
 ncfsm_result_t ncfsm_work_status(const ncfsm_work *w);

@@ -38,7 +38,9 @@ static void trace(const ncfsm_trace_rec *r, void *arg) {
     printf("[%8.3f ms] comm rank %d  %-18s --%s--> %s\n", ms, r->rank, ncfsm_state_name(r->state),
            ncfsm_event_name(r->event), ncfsm_state_name(r->next));
   } else {
-    printf("[%8.3f ms] work rank %d seq %" PRIu64 "  %s -> %s\n", ms, r->rank, r->seq,
+    char seq[24] = "-"; /* a work takes its seq when it is launched */
+    if (r->seq != NCFSM_SEQ_NONE) snprintf(seq, sizeof seq, "%" PRIu64, r->seq);
+    printf("[%8.3f ms] work rank %d seq %s  %s -> %s\n", ms, r->rank, seq,
            r->state < 0 ? "(new)" : ncfsm_work_state_name(r->state), ncfsm_work_state_name(r->next));
   }
 }
