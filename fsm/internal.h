@@ -154,6 +154,7 @@ typedef struct ncfsm__call_req {
 
 struct ncfsm_loop {
   uint32_t magic;
+  uint64_t id;           /* unique in the process: the per-thread last error names it */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct event_base *base;

@@ -31,7 +31,8 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
 }
 
 /* Loop-level errors are per thread (ncfsm_loop_last_error). */
-static _Thread_local const ncfsm_loop *tls_err_loop;
+static _Thread_local uint64_t tls_err_loop; /* the loop's id: a new loop at a freed one's address is another */
+static _Atomic uint64_t loop_ids;
 static _Thread_local char tls_err[512];
 
 void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) {
@@ -39,7 +40,7 @@ void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(tls_err, sizeof tls_err, fmt, ap);
   va_end(ap);
-  tls_err_loop = loop;
+  tls_err_loop = loop->id;
   NCFSM_INFO(NCFSM__SUB_FSM, "%s", tls_err);
 }
 
@@ -261,6 +262,7 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
     return NCFSM_ERR_NO_MEMORY;
   }
   loop->group_err = NCFSM_OK;
+  loop->id = atomic_fetch_add(&loop_ids, 1) + 1;
   loop->magic = NCFSM__LOOP_MAGIC;
   *out = loop;
   return NCFSM_OK;
@@ -474,5 +476,5 @@ void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg) {
 
 const char *ncfsm_loop_last_error(ncfsm_loop *loop) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return "invalid loop handle";
-  return tls_err_loop == loop ? tls_err : "";
+  return tls_err_loop == loop->id ? tls_err : "";
 }
