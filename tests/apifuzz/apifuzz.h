@@ -50,6 +50,15 @@ __attribute__((unused)) static ncfsm_result_t fz__release_res(ncfsm_result_t (*f
 ncfsm_result_t ncfsm_work_set_timeout(ncfsm_work *w, uint64_t timeout_ms);
 #pragma weak ncfsm_comm_failure
 const char *ncfsm_comm_failure(const ncfsm_comm *comm);
+/* Since NCFSM_SEQ_NONE a work takes its fingerprint seq when it is launched
+ * (collectives in launch order, send/recv per peer and direction), and
+ * ncfsm_comm_seq/hash count launched collectives; before, seq was taken at
+ * the call and the hash covered every accepted collective. */
+#ifdef NCFSM_SEQ_NONE
+#define FZ_SEQ_AT_LAUNCH 1
+#else
+#define FZ_SEQ_AT_LAUNCH 0
+#endif
 #ifdef NCFSM_DEFAULT_TIMEOUT_MS
 #define FZ_HAVE_POLICY_REVOKE 1
 #else
@@ -148,7 +157,8 @@ struct fz_comm {
   /* accepted submissions, for the fingerprint and hash checks */
   uint64_t coll_accepted;
   uint64_t p2p_accepted[FZ_MAX_RANKS];
-  uint64_t fp_hash;     /* the fuzzer's own hash of accepted collective fingerprints */
+  uint64_t fp_hash;     /* the fuzzer's own hash of the collective fingerprints that count
+                           (accepted, or launched with FZ_SEQ_AT_LAUNCH) */
 };
 
 /* A table: instance index -> op, grown on demand. */
@@ -293,6 +303,8 @@ void fz_check_step(void);
 /* End of a seed: everything torn down. */
 void fz_check_final(void);
 bool fz_is_final_wstate(int s);
+/* The fuzzer's rolling hash of a collective's fingerprint (the hash check). */
+uint64_t fz_fp_hash(uint64_t h, const fz_op *op);
 
 /* ---- world.c -------------------------------------------------------------------------- */
 void fz_world_init(void);
@@ -343,6 +355,7 @@ void fz_retire_loop(fz_loop *l, bool close_in_call);
 /* ---- scenarios.c ------------------------------------------------------------------------- */
 /* Runs the named scenario (returns false if unknown). */
 bool fz_scenario(const char *name);
+bool fz_scenario_known(const char *name);
 void fz_list_scenarios(void);
 
 #endif

@@ -362,6 +362,11 @@ int main(int argc, char **argv) {
 #undef ARG
   }
   if (jobs < 1) jobs = 1;
+  if (g.o.scenario && !fz_scenario_known(g.o.scenario)) {
+    fprintf(stderr, "apifuzz: unknown scenario %s; the scenarios are:\n", g.o.scenario);
+    fz_list_scenarios();
+    return 2;
+  }
   if (g.o.avoid & FZ_AVOID_DOUBLE_RELEASE) g.o.p_double_release = 0;
   if (single) nseeds = 1;
   if (!fork_each && nseeds != 1) {

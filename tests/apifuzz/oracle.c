@@ -186,6 +186,30 @@ static void trace_comm(const ncfsm_trace_rec *r) {
   }
 }
 
+static uint64_t fnv(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; i++) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+static bool rooted_kind(ncfsm_opkind_t k) {
+  return k == NCFSM_KIND_BROADCAST || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_GATHER ||
+         k == NCFSM_KIND_SCATTER;
+}
+static bool reducing_kind(ncfsm_opkind_t k) {
+  return k == NCFSM_KIND_ALLREDUCE || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_REDUCESCATTER;
+}
+
+uint64_t fz_fp_hash(uint64_t h, const fz_op *op) {
+  h = fnv(h, (uint64_t)op->kind);
+  h = fnv(h, op->count);
+  h = fnv(h, (uint64_t)op->dtype);
+  h = fnv(h, rooted_kind(op->kind) ? (uint64_t)op->root : 0xffff);
+  return fnv(h, reducing_kind(op->kind) ? (uint64_t)op->redop : 0xffff);
+}
+
 static void assign_instance(fz_op *op) {
   fz_comm *c = op->c;
   fz_clique *q = c->q;
@@ -193,6 +217,7 @@ static void assign_instance(fz_op *op) {
   if (is_coll(op->kind)) {
     op->inst = (int64_t)c->coll_launched++;
     itab_put(&q->coll[r], (uint64_t)op->inst, op);
+    if (FZ_SEQ_AT_LAUNCH) c->fp_hash = fz_fp_hash(c->fp_hash, op);
   } else if (op->peer >= 0 && op->peer < q->n) {
     if (op->kind == NCFSM_KIND_SEND) {
       op->inst = (int64_t)c->send_launched[op->peer]++;
@@ -581,6 +606,16 @@ void fz_work_cb(ncfsm_work *w, ncfsm_result_t status, void *arg) {
                  ncfsm_err_name(status), wname((int)ws));
   if (!fpp || fp.op != (int32_t)op->kind || fp.dtype != op->dtype || fp.count != op->count)
     fz_violation("the callback of op %d: the work's fingerprint does not describe the call", op->id);
+#if FZ_SEQ_AT_LAUNCH
+  /* the seq is the instance: the launch order of the comm's collectives (send/recv: per peer and
+   * direction), or none for a work never handed to the backend */
+  uint64_t want_seq = op->inst >= 0 ? (uint64_t)op->inst : NCFSM_SEQ_NONE;
+  if (fp.seq != want_seq && (is_coll(op->kind) || op->inst >= 0 || fp.seq != NCFSM_SEQ_NONE))
+    fz_violation("the callback of op %d (q%d/r%d %s, %s): fingerprint seq %llu, but the trace says %s %lld", op->id,
+                 op->c->q->id, op->rank, ncfsm_opkind_name(op->kind), wname((int)ws), (unsigned long long)fp.seq,
+                 op->inst >= 0 ? "it was launched as number" : "it was never launched",
+                 (long long)op->inst);
+#endif
   if (!wc) fz_violation("the callback of op %d: ncfsm_work_comm returned NULL", op->id);
   if (status == NCFSM_OK && op->group_id > 0 && op->group_id < g.cap_group_rc) {
     ncfsm_result_t grc = g.group_rc[op->group_id];
@@ -592,6 +627,7 @@ void fz_work_cb(ncfsm_work *w, ncfsm_result_t status, void *arg) {
   }
   if (status == NCFSM_OK) fz_check_ok_locked(op);
   pthread_mutex_unlock(&g.mu);
+  if (g.o.verbose) fz_log("  (callback of op %d: %s, %s)", op->id, ncfsm_err_name(status), wname((int)ws));
 }
 
 /* ---- per step and final checks ---------------------------------------------------------------- */

@@ -182,6 +182,31 @@ static void sc_nowait_spin(void) {
   next_step();
 }
 
+/* An explicit group holds an allreduce of each of the two ranks and is
+ * closed, but not launched yet; rank 0 is finalized (DRAINING: its queued
+ * op launches first); the main thread opens a new group with another op of
+ * rank 1 (GROUP_OPEN: it cannot launch), then runs ncfsm_loop_run(DEFAULT)
+ * on another thread. Every comm has a 35 ms watchdog. */
+static void sc_drain_open_group(void) {
+  fz_loop *l = fz_loop_open(0, 0);
+  fz_clique *q = ready_clique(l, 2, 35, NCFSM_ON_ERROR_ABORT);
+  fz_args a = allreduce_args(NULL);
+  fz_group_start(l);
+  fz_submit(q->c[0], &a);
+  fz_submit(q->c[1], &a);
+  fz_group_end(l);
+  next_step();
+  fz_lifecycle(q->c[0], NCFSM_CALL_FINALIZE);
+  next_step();
+  fz_group_start(l);
+  fz_submit(q->c[1], &a);
+  next_step();
+  fz_run_default(l);
+  next_step();
+  fz_group_end(l);
+  next_step();
+}
+
 /* Oracle self-test: rank 1 changes its send buffer after the call and before
  * the loop turns, so the data the sim reduces is not the data the fuzzer
  * recorded; the data check must report the allreduce's result. */
@@ -219,6 +244,9 @@ static const struct {
      "ncfsm_loop_close from inside the loop's own loop_call callback must not free the running loop"},
     {"nowait-spin", sc_nowait_spin,
      "poll_max_us 1 and a work that cannot complete: ncfsm_loop_run(NOWAIT) must return after one turn"},
+    {"drain-open-group", sc_drain_open_group,
+     "a closed group's ops wait while rank 1 has ops in a newly opened group and rank 0 is finalized; "
+     "ncfsm_loop_run(DEFAULT) from another thread must return (every comm has a watchdog)"},
     {"selftest-data", sc_selftest_data,
      "oracle self-test: data changed behind the fuzzer's back must be reported (this one MUST fail)"},
 };
@@ -232,6 +260,12 @@ bool fz_scenario(const char *name) {
       scenarios[i].fn();
       return true;
     }
+  return false;
+}
+
+bool fz_scenario_known(const char *name) {
+  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+    if (!strcmp(name, scenarios[i].name)) return true;
   return false;
 }
 

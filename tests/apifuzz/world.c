@@ -136,13 +136,6 @@ static bool reduces(ncfsm_opkind_t k) {
 }
 static bool p2p(ncfsm_opkind_t k) { return k == NCFSM_KIND_SEND || k == NCFSM_KIND_RECV; }
 
-static uint64_t fnv(uint64_t h, uint64_t v) {
-  for (int i = 0; i < 8; i++) {
-    h ^= (v >> (8 * i)) & 0xff;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 /* ---- loops --------------------------------------------------------------------------- */
 fz_loop *fz_loop_open(int idx, int embedded) { return fz_loop_open_opts(idx, embedded, NULL); }
@@ -520,13 +513,7 @@ fz_op *fz_submit(fz_comm *c, const fz_args *a) {
       if (a->peer >= 0 && a->peer < FZ_MAX_RANKS) want_seq = c->p2p_accepted[a->peer]++;
     } else {
       want_seq = c->coll_accepted++;
-      uint64_t h = c->fp_hash;
-      h = fnv(h, (uint64_t)a->kind);
-      h = fnv(h, count);
-      h = fnv(h, (uint64_t)a->dtype);
-      h = fnv(h, rooted(a->kind) ? (uint64_t)a->root : 0xffff);
-      h = fnv(h, reduces(a->kind) ? (uint64_t)a->redop : 0xffff);
-      c->fp_hash = h;
+      if (!FZ_SEQ_AT_LAUNCH) c->fp_hash = fz_fp_hash(c->fp_hash, op);
     }
     if (in_group) {
       op->group_id = l->group_id;
@@ -579,6 +566,10 @@ fz_op *fz_submit(fz_comm *c, const fz_args *a) {
     if (!fp) fz_violation("op %d: ncfsm_work_fingerprint returned NULL", op->id);
     int32_t root = rooted(a->kind) ? a->root : -1, redop = reduces(a->kind) ? a->redop : -1,
             peer = p2p(a->kind) ? a->peer : -1;
+#if FZ_SEQ_AT_LAUNCH
+    want_seq = NCFSM_SEQ_NONE; /* taken at launch: none yet, unless another thread launched it already */
+    if (!quiet(l) && fp->seq != NCFSM_SEQ_NONE) want_seq = fp->seq;
+#endif
     if (fp->seq != want_seq || fp->op != (int32_t)a->kind || fp->dtype != a->dtype || fp->count != count ||
         fp->root != root || fp->redop != redop || fp->peer != peer)
       fz_violation("op %d: fingerprint (seq %llu, op %d, dtype %d, count %llu, root %d, redop %d, peer %d) "
@@ -1164,6 +1155,38 @@ static bool runner_wait(struct runner *r, uint64_t ms) {
   return d;
 }
 
+/* For a hang report: the states of the loop's comms (released ones from the
+ * trace) and their works that are not final, by state. */
+static void describe_loop(fz_loop *l, char *buf, size_t len) {
+  size_t n = (size_t)snprintf(buf, len, "group depth %d; comms:", l->depth);
+  for (int i = 0; i < g.ncliques && n < len; i++) {
+    fz_clique *q = g.cliques[i];
+    if (!on_loop(q, l)) continue;
+    for (int r = 0; r < q->n && n < len; r++) {
+      fz_comm *c = q->c[r];
+      int st = c->h ? (int)ncfsm_comm_state(c->h) : c->last_state;
+      int cnt[NCFSM_WORK_STATE_COUNT] = {0}, first = -1;
+      pthread_mutex_lock(&g.mu);
+      for (int k = 0; k < g.nops; k++)
+        if (g.ops[k]->c == c && g.ops[k]->wstate >= 0 && g.ops[k]->wstate < NCFSM_WORK_STATE_COUNT &&
+            !fz_is_final_wstate(g.ops[k]->wstate)) {
+          cnt[g.ops[k]->wstate]++;
+          if (first < 0) first = g.ops[k]->id;
+        }
+      pthread_mutex_unlock(&g.mu);
+      if (!c->h && st == NCFSM_STATE_CLOSED && !cnt[0] && !cnt[1] && !cnt[2]) continue;
+      n += (size_t)snprintf(buf + n, len - n, " q%d/r%d%s %s (%llu collectives launched)", q->id, r,
+                            c->h ? "" : " (released)",
+                            st >= 0 && st < NCFSM_STATE_COUNT ? ncfsm_state_name((ncfsm_state_t)st) : "?",
+                            (unsigned long long)c->coll_launched);
+      for (int w = 0; w < NCFSM_WORK_STATE_COUNT && n < len; w++)
+        if (cnt[w]) n += (size_t)snprintf(buf + n, len - n, " %d %s", cnt[w], ncfsm_work_state_name((ncfsm_work_state_t)w));
+      if (first >= 0 && n < len) n += (size_t)snprintf(buf + n, len - n, " (first: op %d)", first);
+      if (n < len) n += (size_t)snprintf(buf + n, len - n, ";");
+    }
+  }
+}
+
 /* ncfsm_loop_run(DEFAULT) runs until nothing is pending: on a helper thread,
  * with a deadline. When every pending thing has a watchdog, it must end by
  * itself; otherwise the comms of the loop are aborted from this thread after
@@ -1192,10 +1215,13 @@ ncfsm_result_t fz_run_default(fz_loop *l) {
   uint64_t t0 = fz_now_ns();
   pthread_create(&th, NULL, runner_main, &r);
   bool done = runner_wait(&r, bound);
-  if (!done && all_watched)
+  if (!done && all_watched) {
+    char what[800] = "";
+    describe_loop(l, what, sizeof what);
     fz_violation("hang: ncfsm_loop_run(L%d, DEFAULT) still runs after %llu ms although every live comm of the "
-                 "loop has a watchdog of at most %llu ms", l->id, (unsigned long long)bound,
-                 (unsigned long long)max_to);
+                 "loop has a watchdog of at most %llu ms; %s", l->id, (unsigned long long)bound,
+                 (unsigned long long)max_to, what);
+  }
   if (!done) {
     fz_log("ncfsm_loop_run(L%d, DEFAULT) on a helper thread: running after %llu ms; aborting the loop's "
            "comms from this thread", l->id, (unsigned long long)bound);
@@ -1223,9 +1249,12 @@ ncfsm_result_t fz_run_default(fz_loop *l) {
       }
     }
     done = runner_wait(&r, 3000);
-    if (!done)
+    if (!done) {
+      char what[800] = "";
+      describe_loop(l, what, sizeof what);
       fz_violation("hang: ncfsm_loop_run(L%d, DEFAULT) did not return after every communicator of the loop was "
-                   "aborted (ran %llu ms)", l->id, (unsigned long long)((fz_now_ns() - t0) / 1000000));
+                   "aborted (ran %llu ms); %s", l->id, (unsigned long long)((fz_now_ns() - t0) / 1000000), what);
+    }
   }
   pthread_join(th, NULL);
   pthread_mutex_destroy(&r.mu);
@@ -1484,9 +1513,10 @@ static void act_getters(void) {
         fz_violation("q%d/r%d: ncfsm_comm_failure is %s in state %s", q->id, r, fl ? "empty" : "NULL",
                      ncfsm_state_name(s));
     }
-    if (quiet(l) && seq != c->coll_accepted)
-      fz_violation("q%d/r%d: ncfsm_comm_seq is %llu but %llu collectives were accepted", q->id, r,
-                   (unsigned long long)seq, (unsigned long long)c->coll_accepted);
+    uint64_t want = FZ_SEQ_AT_LAUNCH ? c->coll_launched : c->coll_accepted;
+    if (quiet(l) && seq != want)
+      fz_violation("q%d/r%d: ncfsm_comm_seq is %llu but %llu collectives were %s", q->id, r,
+                   (unsigned long long)seq, (unsigned long long)want, FZ_SEQ_AT_LAUNCH ? "launched" : "accepted");
     ncfsm_sim_stats st;
     ncfsm_result_t rc = ncfsm_sim_get_stats(c->h, &st);
     g.n_calls++;
@@ -1494,15 +1524,16 @@ static void act_getters(void) {
       fz_violation("q%d/r%d: sim stats say %llu executed of %llu ops", q->id, r, (unsigned long long)st.executed,
                    (unsigned long long)st.ops);
   }
-  /* R11: ranks that accepted the same collective sequence have the same hash. */
+  /* R11: ranks that accepted (launched) the same collective sequence have the same hash. */
   for (int a = 0; a < q->n; a++)
     for (int b = a + 1; b < q->n; b++) {
       fz_comm *x = q->c[a], *y = q->c[b];
       if (!x->h || !y->h || !x->inited || !y->inited || x->fp_hash != y->fp_hash) continue;
       uint64_t hx = ncfsm_comm_hash(x->h), hy = ncfsm_comm_hash(y->h);
       if (hx != hy)
-        fz_violation("q%d: ranks %d and %d accepted the same collective sequence but ncfsm_comm_hash differs "
-                     "(%016llx, %016llx)", q->id, a, b, (unsigned long long)hx, (unsigned long long)hy);
+        fz_violation("q%d: ranks %d and %d %s the same collective sequence but ncfsm_comm_hash differs "
+                     "(%016llx, %016llx)", q->id, a, b, FZ_SEQ_AT_LAUNCH ? "launched" : "accepted",
+                     (unsigned long long)hx, (unsigned long long)hy);
     }
   fz_log("getters of q%d (rank, size, device, seq, hash, last_error, backend_error, sim stats)", q->id);
 }
