@@ -1002,15 +1002,21 @@ static void shutdown_thread(int exiting) {
   pthread_mutex_unlock(&g_dump.mu);
   pthread_join(th, NULL);
   pthread_mutex_lock(&g_dump.mu);
-  /* dumps queued after the thread saw an empty queue: written here */
-  rec_job *late = g_dump.head;
-  g_dump.head = g_dump.tail = NULL;
-  g_dump.queued = 0;
+  /* Dumps queued after the thread saw an empty queue are written here; so are
+   * those queued meanwhile (running is still 1: no new thread starts) */
+  for (;;) {
+    rec_job *late = g_dump.head;
+    if (!late) break;
+    g_dump.head = g_dump.tail = NULL;
+    g_dump.queued = 0;
+    pthread_mutex_unlock(&g_dump.mu);
+    run_jobs(late);
+    pthread_mutex_lock(&g_dump.mu);
+  }
   g_dump.running = 0;
   g_dump.stopping = 0;
   pthread_cond_broadcast(&g_dump.stopped_cv);
   pthread_mutex_unlock(&g_dump.mu);
-  run_jobs(late);
 }
 
 void ncfsm__rec_shutdown(void) { shutdown_thread(0); }

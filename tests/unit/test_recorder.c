@@ -660,10 +660,12 @@ typedef struct done_rec {
   atomic_int rc;
   char path[REC_PATH_MAX];
   atomic_int had_path;
+  pthread_t thread; /* where done ran */
 } done_rec;
 
 static void on_done(void *arg, ncfsm_result_t rc, const char *json_path) {
   done_rec *d = arg;
+  d->thread = pthread_self();
   if (json_path) {
     snprintf(d->path, sizeof d->path, "%s", json_path);
     atomic_store(&d->had_path, 1);
@@ -849,28 +851,90 @@ static void test_async_many_threads(void **state) {
   remove_dir(dir);
 }
 
-/* shutdown from several threads at once while dumps are queued */
+/* shutdown from several threads at once while dumps are queued: each returns
+ * only after every queued dump was written and its done called */
+enum { SHUT_DUMPS = 16 };
+static done_rec shut_done[SHUT_DUMPS];
+static void on_done_slow(void *arg, ncfsm_result_t rc, const char *json_path) {
+  struct timespec ts = {0, 3 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  on_done(arg, rc, json_path);
+}
 static void *shutter(void *arg) {
-  (void)arg;
   ncfsm__rec_shutdown();
+  int seen = 0;
+  for (int i = 0; i < SHUT_DUMPS; i++) seen += atomic_load(&shut_done[i].calls);
+  *(int *)arg = seen;
   return NULL;
 }
 
 static void test_concurrent_shutdown(void **state) {
   (void)state;
   char *dir = make_dir();
-  static done_rec d[16];
-  memset(d, 0, sizeof d);
-  for (int i = 0; i < 16; i++) {
+  memset(shut_done, 0, sizeof shut_done);
+  for (int i = 0; i < SHUT_DUMPS; i++) {
     ncfsm__rec_meta m = mk_meta(0x6000 + (uint64_t)i, 0, 1);
-    assert_int_equal(ncfsm__rec_dump_async(dir, &m, NULL, 0, on_done, &d[i]), NCFSM_OK);
+    assert_int_equal(ncfsm__rec_dump_async(dir, &m, NULL, 0, on_done_slow, &shut_done[i]), NCFSM_OK);
   }
   pthread_t th[3];
-  for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, shutter, NULL), 0);
+  int seen[3] = {0, 0, 0};
+  for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, shutter, &seen[i]), 0);
   for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-  /* every shutdown returned only after the queue was written */
-  for (int i = 0; i < 16; i++) assert_int_equal(atomic_load(&d[i].calls), 1);
+  for (int i = 0; i < 3; i++) assert_int_equal(seen[i], SHUT_DUMPS);
+  for (int i = 0; i < SHUT_DUMPS; i++) assert_int_equal(atomic_load(&shut_done[i].calls), 1);
   remove_dir(dir);
+}
+
+/* A child forked while dumps are queued has no dump thread and none of its
+ * parent's dumps; its own dumps start a thread of its own. (Not under TSan,
+ * which does not support threads started after a multithreaded fork.) */
+static void test_fork_child(void **state) {
+  (void)state;
+#ifdef __SANITIZE_THREAD__
+  skip();
+#else
+  char *dir = make_dir();
+  static done_rec d[4];
+  memset(d, 0, sizeof d);
+  gate_entered = gate_open = 0;
+  ncfsm__rec_meta m = mk_meta(0x7000, 0, 1);
+  m.formats = NCFSM__REC_FMT_JSON;
+  assert_int_equal(ncfsm__rec_dump_async(dir, &m, NULL, 0, on_done_gate, &d[0]), NCFSM_OK);
+  pthread_mutex_lock(&gate_mu);
+  while (!gate_entered) pthread_cond_wait(&gate_cv, &gate_mu);
+  pthread_mutex_unlock(&gate_mu);
+  for (int i = 1; i < 3; i++) {
+    m.comm_id = 0x7000 + (uint64_t)i;
+    assert_int_equal(ncfsm__rec_dump_async(dir, &m, NULL, 0, on_done, &d[i]), NCFSM_OK);
+  }
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    /* the child: its parent's two queued dumps are not its own */
+    done_rec mine;
+    memset(&mine, 0, sizeof mine);
+    ncfsm__rec_meta cm = mk_meta(0x7100, 0, 1);
+    cm.formats = NCFSM__REC_FMT_JSON;
+    int ok = ncfsm__rec_dump_async(dir, &cm, NULL, 0, on_done, &mine) == NCFSM_OK;
+    ncfsm__rec_shutdown();
+    ok = ok && atomic_load(&mine.calls) == 1 && atomic_load(&mine.rc) == NCFSM_OK &&
+         !pthread_equal(mine.thread, pthread_self()) && /* on a dump thread of its own */
+         atomic_load(&d[1].calls) == 0 && atomic_load(&d[2].calls) == 0;
+    _exit(ok ? 0 : 1);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  pthread_mutex_lock(&gate_mu);
+  gate_open = 1;
+  pthread_cond_broadcast(&gate_cv);
+  pthread_mutex_unlock(&gate_mu);
+  ncfsm__rec_shutdown();
+  for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&d[i].calls), 1);
+  assert_int_equal(count_files(dir, ".json"), 4); /* three from the parent, one from the child */
+  remove_dir(dir);
+#endif
 }
 
 int main(void) {
@@ -890,6 +954,7 @@ int main(void) {
       cmocka_unit_test(test_async_queue_full_drops),
       cmocka_unit_test(test_async_many_threads),
       cmocka_unit_test(test_concurrent_shutdown),
+      cmocka_unit_test(test_fork_child),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
