@@ -40,6 +40,8 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   o->device = (int)ncfsm__env_ll("NCFSM_DEVICE", 0);
   o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_TIMEOUT_MS", NCFSM_DEFAULT_TIMEOUT_MS);
   o->timing = (int)ncfsm__env_ll("NCFSM_TIMING", 0);
+  o->trace_buffer = (unsigned)ncfsm__env_ll("NCFSM_TRACE_BUFFER", 2048);
+  o->dump_dir = ncfsm__env_str("NCFSM_DUMP_DIR", NULL);
   const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
   o->on_error = !strcmp(p, "stay")     ? NCFSM_ON_ERROR_STAY
                 : !strcmp(p, "exit")   ? NCFSM_ON_ERROR_EXIT
@@ -74,6 +76,12 @@ ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncf
   c->opts.sim = &c->sim;
   snprintf(c->name, sizeof c->name, "%s", c->opts.name ? c->opts.name : "comm");
   c->opts.name = c->name;
+  snprintf(c->dump_dir, sizeof c->dump_dir, "%s", c->opts.dump_dir ? c->opts.dump_dir : "");
+  c->opts.dump_dir = c->dump_dir;
+  if (c->opts.trace_buffer && !(c->rec = ncfsm__rec_new(c->opts.trace_buffer))) {
+    free(c);
+    return NCFSM_ERR_NO_MEMORY;
+  }
   char why[256];
   c->be = ncfsm__backend_get(c->opts.backend, why, sizeof why);
   if (!c->be) {
@@ -127,6 +135,7 @@ static ncfsm_result_t comm_init_locked(ncfsm_comm *c, int nranks, int rank, cons
   c->nranks = nranks;
   c->rank = rank;
   c->uid = *id;
+  c->comm_id = XXH3_64bits(id, sizeof *id);
   ncfsm__fire(c, NCFSM_EV_INIT, NCFSM_OK); /* act_accept_init: issued at the next turn */
   return NCFSM_OK;
 }
@@ -742,6 +751,9 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
       .redop = op_reduces(o->kind) ? (int32_t)o->redop : -1,
       .peer = p2p ? o->peer : -1,
   };
+  ncfsm__rec_entry re = {.fp = w->fp, .state = NCFSM_WORK_QUEUED, .result = NCFSM_ERR_AGAIN,
+                        .stream = (uint64_t)(uintptr_t)o->stream, .t_submit_ns = w->t_submit};
+  w->rec = ncfsm__rec_add(c->rec, &re);
   if (loop->trace) {
     ncfsm_trace_rec rec = {NCFSM_OBJ_WORK, w, c->rank, w->fp.seq, -1, -1, NCFSM_WORK_QUEUED, NCFSM_OK,
                            w->t_submit};
@@ -875,6 +887,14 @@ ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms) {
     return r;
   }
   return r == NCFSM_OK ? w->status : r;
+}
+
+ncfsm_result_t ncfsm_comm_dump(ncfsm_comm *c, const char *dir) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  LOCK(c->loop);
+  ncfsm_result_t r = ncfsm__comm_dump(c, dir, "request");
+  UNLOCK(c->loop);
+  return r;
 }
 
 ncfsm_result_t ncfsm_work_set_timeout(ncfsm_work *w, uint64_t timeout_ms) {

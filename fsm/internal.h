@@ -22,6 +22,7 @@
 
 #include "core/backend.h"
 #include "core/log.h"
+#include "fsm/recorder.h"
 #include "ncfsm.h"
 
 #define NCFSM__LOOP_MAGIC 0x4c4f4f50u /* 'LOOP' */
@@ -95,6 +96,8 @@ struct ncfsm_work {
   ncfsm__mark *start_mark;  /* timing: event recorded just before the launch */
   float device_ms;
   uint64_t timeout_ms;      /* ncfsm_work_set_timeout; 0: the comm's */
+  ncfsm__rec_ref rec;       /* its flight recorder entry */
+  uint64_t group;           /* launch id (0: not launched) */
   uint64_t t_submit, t_launch, t_final, t_complete, deadline_ns;
   ncfsm_work *bnext;     /* batch / group list */
   ncfsm_work *next;      /* launching list, stream queue, notify list, free list */
@@ -117,6 +120,9 @@ struct ncfsm_comm {
   ncfsm_comm_opts opts;
   ncfsm_sim_opts sim;
   char name[64];
+  char dump_dir[256];
+  ncfsm__recorder *rec;  /* flight recorder (NULL: off) */
+  uint64_t comm_id;      /* XXH3_64 of the unique id: the same on every rank */
   const ncfsm__backend *be;
   void *bcomm;
   int rank, nranks;
@@ -177,6 +183,8 @@ struct ncfsm_loop {
   int ncomms;
   int nqueued;           /* batches in launch queues (all comms) */
   uint64_t batch_order;  /* the last batch's order */
+  uint64_t launch_id;    /* the last launch's id (flight recorder "group") */
+  struct event *ev_signal; /* SIGUSR1: dump (opts.dump_on_signal) */
   bool ctl;              /* control work may be due: aborts, inits, finalizes */
   _Atomic int async_kick; /* set without the lock (bootstrap callbacks): the next turn looks at ctl */
   /* group (R3) */
@@ -279,6 +287,13 @@ void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
 /* R12: the first pair of works in list (linked through bnext) on one comm
  * whose buffers overlap where one writes; false when none. */
 bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
+
+/* ---- dumps (watchdog.c) ---- */
+/* Snapshot c's recorder and queue a dump into dir (NULL: c's dump_dir;
+ * nothing without one) for reason. */
+ncfsm_result_t ncfsm__comm_dump(ncfsm_comm *c, const char *dir, const char *reason);
+/* The recorder entry of w after a change of w. */
+void ncfsm__rec_work(ncfsm_work *w);
 
 /* ---- progress.c ---- */
 void ncfsm__progress(ncfsm_loop *loop);

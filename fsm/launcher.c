@@ -140,6 +140,7 @@ static void take_seq(ncfsm_work *w) {
 static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, int n) {
   const ncfsm__backend *be = set[0]->be;
   uint64_t now = ncfsm__now_ns();
+  uint64_t launch = ++loop->launch_id;
   int stack_rc[16], *op_rc = n <= 16 ? stack_rc : calloc((size_t)n, sizeof *op_rc);
   record_starts(taken);
   /* Every taken work is LAUNCHING from here: a failure below fails it. */
@@ -147,6 +148,7 @@ static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, 
     next = w->bnext;
     ncfsm_comm *c = w->comm;
     take_seq(w);
+    w->group = launch;
     w->t_launch = now;
     w->deadline_ns = ncfsm__deadline(now, w->timeout_ms ? w->timeout_ms : c->opts.timeout_ms);
     ncfsm__work_set_state(w, NCFSM_WORK_LAUNCHING);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <event2/event.h>
@@ -27,6 +28,7 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
   o->poll_burst_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_BURST_US", 200);
   o->poll_max_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_MAX_US", 100);
   o->coalesce_max = (unsigned)ncfsm__env_ll("NCFSM_COALESCE_MAX", 64);
+  o->dump_on_signal = (int)ncfsm__env_ll("NCFSM_DUMP_SIGNAL", 0);
   if (o->coalesce_max == 0) o->coalesce_max = 1;
 }
 
@@ -201,6 +203,16 @@ static void direct_turn(ncfsm_loop *loop, bool yield) {
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg) { turn(arg, false); }
+
+/* SIGUSR1 (opts.dump_on_signal): libevent turns the signal into an event on
+ * this loop's thread; every comm with a dump directory is dumped. */
+static void on_sigusr1(evutil_socket_t fd, short what, void *arg) {
+  ncfsm_loop *loop = arg;
+  pthread_mutex_lock(&loop->mu);
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (c->dump_dir[0] && c->rank >= 0) ncfsm__comm_dump(c, NULL, "signal");
+  pthread_mutex_unlock(&loop->mu);
+}
 static void on_poll(evutil_socket_t fd, short what, void *arg) {
   ncfsm_loop *loop = arg;
   pthread_mutex_lock(&loop->mu);
@@ -260,6 +272,12 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
     pthread_cond_destroy(&loop->cv);
     free(loop);
     return NCFSM_ERR_NO_MEMORY;
+  }
+  if (loop->opts.dump_on_signal) {
+    loop->ev_signal = evsignal_new(base, SIGUSR1, on_sigusr1, loop);
+    if (!loop->ev_signal || event_add(loop->ev_signal, NULL) != 0)
+      NCFSM_WARN(NCFSM__SUB_FSM, "ncfsm_loop: cannot take SIGUSR1 for flight recorder dumps (another "
+                 "event_base of this process has it?); dumps on request still work");
   }
   loop->group_err = NCFSM_OK;
   loop->id = atomic_fetch_add(&loop_ids, 1) + 1;
@@ -458,6 +476,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   pthread_mutex_unlock(&loop->mu);
   event_free(loop->ev_wake);
   event_free(loop->ev_poll);
+  if (loop->ev_signal) event_free(loop->ev_signal);
   ncfsm__spanset_free(loop->spans);
   if (loop->own_base) event_base_free(loop->base);
   pthread_mutex_destroy(&loop->mu);

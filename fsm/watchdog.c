@@ -75,6 +75,8 @@ void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int
   NCFSM_WARN(NCFSM__SUB_FSM, "%s", c->last_error);
   ncfsm__fire(c, ev, cause);
   if (c->state != NCFSM_STATE_ERROR) return;
+  /* Every error dumps the recorder first, before the policy acts (issue 9). */
+  ncfsm__comm_dump(c, NULL, ev == NCFSM_EV_TIMEOUT ? "timeout" : "error");
   switch (c->opts.on_error) {
     case NCFSM_ON_ERROR_STAY: break;
     case NCFSM_ON_ERROR_EXIT:
@@ -126,4 +128,67 @@ ncfsm_result_t ncfsm__comm_revoke_now(ncfsm_comm *c) {
   }
   ncfsm__fire(c, NCFSM_EV_REVOKE, NCFSM_OK); /* act_revoke_works (R6) */
   return NCFSM_OK;
+}
+
+/* ---- the flight recorder's view of works, and dumps ------------------------- */
+
+void ncfsm__rec_work(ncfsm_work *w) {
+  ncfsm__rec_entry *e = ncfsm__rec_get(w->comm->rec, w->rec);
+  if (!e) return; /* recorder off, or the entry was overwritten */
+  e->fp.seq = w->fp.seq;
+  e->group = w->group;
+  e->state = (int32_t)w->state;
+  e->t_launch_ns = w->t_launch;
+  e->t_final_ns = w->t_final;
+  if (w->notified) {
+    e->result = (int32_t)w->status;
+    e->t_complete_ns = w->t_complete;
+  }
+}
+
+ncfsm_result_t ncfsm__comm_dump(ncfsm_comm *c, const char *dir, const char *reason) {
+  bool automatic = !dir;
+  if (!dir || !*dir) dir = c->dump_dir;
+  if (!c->rec) {
+    if (!automatic)
+      ncfsm__set_error(c, "ncfsm_comm_dump: the flight recorder is off (opts.trace_buffer 0, "
+                          "NCFSM_TRACE_BUFFER=0)");
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  if (!*dir) {
+    if (!automatic)
+      ncfsm__set_error(c, "ncfsm_comm_dump: no directory: pass one, or set opts.dump_dir / NCFSM_DUMP_DIR");
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  unsigned cap = ncfsm__rec_capacity(c->rec);
+  ncfsm__rec_entry *e = malloc((size_t)cap * sizeof *e);
+  if (!e) return NCFSM_ERR_NO_MEMORY;
+  uint64_t total = 0;
+  unsigned n = ncfsm__rec_snapshot(c->rec, e, cap, &total);
+  ncfsm__rec_meta m = {
+      .rank = c->rank,
+      .nranks = c->nranks,
+      .comm_name = c->name,
+      .comm_id = c->comm_id,
+      .backend = c->be->name,
+      .nccl_version = c->be->version(),
+      .reason = reason,
+      .state = ncfsm_state_name(c->state),
+      .failure = c->failure,
+      .next_seq = c->coll_seq,
+      .rolling_hash = c->hash,
+      .capacity = cap,
+      .total = total,
+      .time_ns = ncfsm__now_ns(),
+      .timeout_ms = c->opts.timeout_ms,
+  };
+  ncfsm_result_t r = c->rank < 0 ? NCFSM_ERR_ILLEGAL_STATE : ncfsm__rec_dump_async(dir, &m, e, n, NULL, NULL);
+  free(e);
+  if (r != NCFSM_OK)
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] flight recorder dump (%s) into %s not queued: %s", c->name,
+               c->rank, reason, dir, ncfsm_err_name(r));
+  else
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] flight recorder dump (%s, %u entries) queued into %s", c->name,
+               c->rank, reason, n, dir);
+  return r;
 }

@@ -35,6 +35,7 @@ static void comm_free(ncfsm_comm *c) {
   }
   if (c->stream) c->be->stream_destroy(c->stream);
   free(c->sq);
+  ncfsm__rec_free(c->rec);
   free(c->p2p_send_seq);
   free(c->p2p_recv_seq);
   c->magic = NCFSM__DEAD_MAGIC;
@@ -119,6 +120,7 @@ void ncfsm__comm_free_all(ncfsm_loop *loop) {
 void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st) {
   ncfsm_work_state_t from = w->state;
   w->state = st;
+  ncfsm__rec_work(w);
   ncfsm_loop *loop = w->comm->loop;
   if (loop->trace) {
     ncfsm_trace_rec r = {NCFSM_OBJ_WORK, w,        w->comm->rank, w->fp.seq, (int)from, -1,

@@ -144,6 +144,9 @@ typedef struct ncfsm_loop_opts {
   unsigned poll_burst;             /* immediate re-polls before backing off (default 64) */
   unsigned poll_burst_us;          /* ... and at least this long after the last progress (default 200) */
   unsigned poll_max_us;            /* longest poll interval (default 100) */
+  int dump_on_signal;              /* 1: SIGUSR1 dumps every comm of this loop with a dump_dir (through
+                                      the loop, libevent's signal event; one loop per process may take
+                                      it; NCFSM_DUMP_SIGNAL) */
   unsigned coalesce_max;           /* most ops in one backend group when every rank of a clique is on
                                       this loop: consecutive instances of all ranks launch together
                                       (default 64; 1 = off; NCFSM_COALESCE_MAX). Ungrouped ops of a
@@ -244,6 +247,11 @@ typedef struct ncfsm_comm_opts {
   int timing;                   /* 1: record a start event per launch and stream, so works
                                    report device time (ncfsm_work_get_times); NCFSM_TIMING */
   const char *name;             /* shown in logs and last-error strings */
+  unsigned trace_buffer;        /* flight recorder: records kept per comm (a ring; 0 = off; default 2048
+                                   or NCFSM_TRACE_BUFFER); docs/ordering.md */
+  const char *dump_dir;         /* where the recorder is dumped on every error and watchdog expiry (and
+                                   on SIGUSR1 with ncfsm_loop_opts.dump_on_signal); NULL or "" = no
+                                   automatic dumps (default NCFSM_DUMP_DIR) */
 } ncfsm_comm_opts;
 
 void ncfsm_comm_opts_init(ncfsm_comm_opts *o); /* defaults, then NCFSM_* environment */
@@ -385,6 +393,13 @@ ncfsm_result_t ncfsm_work_wait(ncfsm_work *w, uint64_t timeout_ms);
  * work is final (NCFSM_ERR_ILLEGAL_STATE after); on a work already in flight
  * the new deadline counts from its launch too. */
 ncfsm_result_t ncfsm_work_set_timeout(ncfsm_work *w, uint64_t timeout_ms);
+/* Dump this comm's flight recorder now (reason "request"), into dir (NULL:
+ * opts.dump_dir). The snapshot is taken now; the files are written by a
+ * dump thread, so the call never waits for I/O. NCFSM_ERR_INVALID_ARGUMENT
+ * without a directory, NCFSM_ERR_UNSUPPORTED when the recorder is off,
+ * NCFSM_ERR_BUSY when too many dumps are pending. docs/ordering.md gives the
+ * file names and formats. */
+ncfsm_result_t ncfsm_comm_dump(ncfsm_comm *comm, const char *dir);
 /* Drop the caller's reference. A second release of the same handle is
  * detected (NCFSM_ERR_INVALID_USAGE) and changes nothing, as long as the
  * loop has not reused the memory: freed works wait in a FIFO of at least 64
