@@ -433,6 +433,26 @@ static void test_policy_revoke(void **state) {
   }
 }
 
+/* ncfsm_comm_dump's refusals say what to do. */
+static void test_dump_refusals(void **state) {
+  (void)state;
+  unsetenv("NCFSM_DUMP_DIR");
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = comms_with(1, c, &o);
+  assert_int_equal(ncfsm_comm_dump(c[0], NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "NCFSM_DUMP_DIR"));
+  teardown_all(loop, c, 1);
+  o.trace_buffer = 0;
+  loop = comms_with(1, c, &o);
+  assert_int_equal(ncfsm_comm_dump(c[0], "/tmp"), NCFSM_ERR_UNSUPPORTED);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "NCFSM_TRACE_BUFFER"));
+  teardown_all(loop, c, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_inflight_never_ok),
@@ -450,6 +470,7 @@ int main(void) {
       cmocka_unit_test(test_finalize_during_launch),
       cmocka_unit_test(test_work_own_timeout),
       cmocka_unit_test(test_policy_revoke),
+      cmocka_unit_test(test_dump_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
