@@ -147,7 +147,7 @@ void ncfsm__rec_work(ncfsm_work *w) {
 }
 
 ncfsm_result_t ncfsm__comm_dump(ncfsm_comm *c, const char *dir, const char *reason) {
-  bool automatic = !dir;
+  bool automatic = strcmp(reason, "request") != 0; /* error, timeout, signal: no complaint without a dir */
   if (!dir || !*dir) dir = c->dump_dir;
   if (!c->rec) {
     if (!automatic)
