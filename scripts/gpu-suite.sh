@@ -33,8 +33,10 @@ for v in 2.28.3 2.28.9; do
       echo "exit $?"
       echo "\$ python3 -m torch.distributed.flight_recorder.fr_trace DIR -p <ncfsm_fr_<comm>_nccl_trace_rank_>"
       pfx=$(ls "$d" | grep _nccl_trace_rank_0 | sed 's/0$//')
-      python3 -m torch.distributed.flight_recorder.fr_trace "$d" -p "$pfx" 2>&1 | tail -40
+      python3 -m torch.distributed.flight_recorder.fr_trace "$d" -p "$pfx" > "$d.fr" 2>&1
       echo "exit $?"
+      tail -40 "$d.fr"
+      rm -f "$d.fr"
       rm -rf "$d"
       echo
     done
