@@ -207,6 +207,41 @@ static void sc_drain_open_group(void) {
   next_step();
 }
 
+/* A loop thread aborts comms (error policy abort after an injected async
+ * error) while this thread reads their sim statistics; repeated. The loop
+ * thread calls the backend's abort with the loop's lock released, so a read
+ * of the backend comm in that window is a use after free: only ASan sees it. */
+static void sc_stats_during_abort(void) {
+  fz_loop *l = fz_loop_open(0, 0);
+  ncfsm_result_t rc = ncfsm_loop_start_thread(l->h);
+  if (rc != NCFSM_OK) fz_violation("ncfsm_loop_start_thread returned %s", ncfsm_err_name(rc));
+  l->thread = true;
+  ncfsm_comm_opts o;
+  ncfsm_comm_opts_init(&o);
+  o.timeout_ms = 0;
+  o.on_error = NCFSM_ON_ERROR_ABORT;
+  ncfsm_sim_opts so;
+  ncfsm_sim_opts_init(&so);
+  so.init_polls = so.launch_polls = 0;
+  so.async_error_at_op = 0;
+  uint64_t reads = 0;
+  for (int k = 0; k < 40 && g.ncliques < FZ_MAX_CLIQUES; k++) {
+    fz_clique *q = fz_clique_new(l, 1, &o, &so, 1);
+    fz_wait_state(q->c[0], NCFSM_STATE_READY, 2000);
+    fz_args a = allreduce_args(NULL);
+    fz_submit(q->c[0], &a);
+    for (int i = 0; i < 2000000 && ncfsm_comm_state(q->c[0]->h) != NCFSM_STATE_CLOSED; i++) {
+      ncfsm_sim_stats st;
+      (void)ncfsm_sim_get_stats(q->c[0]->h, &st);
+      reads++;
+    }
+    fz_wait_state(q->c[0], NCFSM_STATE_CLOSED, 2000);
+    fz_lifecycle(q->c[0], NCFSM_CALL_RELEASE);
+    next_step();
+  }
+  fz_log("%llu ncfsm_sim_get_stats calls while the loop thread aborted", (unsigned long long)reads);
+}
+
 /* Oracle self-test: rank 1 changes its send buffer after the call and before
  * the loop turns, so the data the sim reduces is not the data the fuzzer
  * recorded; the data check must report the allreduce's result. */
@@ -247,6 +282,9 @@ static const struct {
     {"drain-open-group", sc_drain_open_group,
      "a closed group's ops wait while rank 1 has ops in a newly opened group and rank 0 is finalized; "
      "ncfsm_loop_run(DEFAULT) from another thread must return (every comm has a watchdog)"},
+    {"stats-during-abort", sc_stats_during_abort,
+     "ncfsm_sim_get_stats while the loop thread aborts the comm (its error policy); needs ASan to see a "
+     "use after free"},
     {"selftest-data", sc_selftest_data,
      "oracle self-test: data changed behind the fuzzer's back must be reported (this one MUST fail)"},
 };
