@@ -421,6 +421,7 @@ static ncfsm_result_t do_destroy(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   ncfsm__fire(c, NCFSM_EV_DESTROY, NCFSM_OK); /* act_close_idle: CLOSING */
   void *bcomm = c->bcomm;
+  c->bcomm = NULL; /* other threads see none while it is destroyed */
   c->be_calls++;
   c->refs++;
   ncfsm__loop_claim(loop);
@@ -429,6 +430,7 @@ static ncfsm_result_t do_destroy(ncfsm_comm *c) {
   LOCK(loop);
   ncfsm__loop_unclaim(loop);
   if (rc != NCFSM__NCCL_SUCCESS) {
+    c->bcomm = bcomm; /* still there: the abort that follows needs it */
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, rc, "ncclCommDestroy");
     ncfsm__comm_unref(c);
     return NCFSM_ERR_BACKEND;

@@ -472,8 +472,13 @@ static void abort_backend(ncfsm_loop *loop, ncfsm_comm **cs, int n) {
     if (cs[i]->bcomm) cs[i]->be_calls++;
   }
   bool grouped = n > 1 && one_backend && bc;
+  /* Other threads see no backend comm while it is being aborted (e.g.
+   * ncfsm_sim_get_stats must not read what the backend frees). */
   if (bc)
-    for (int i = 0; i < n; i++) bc[i] = cs[i]->bcomm;
+    for (int i = 0; i < n; i++) {
+      bc[i] = cs[i]->bcomm;
+      cs[i]->bcomm = NULL;
+    }
   ncfsm__loop_claim(loop);
   pthread_mutex_unlock(&loop->mu);
   if (grouped && NCFSM__IS_ERR(be->group_start())) {
