@@ -129,6 +129,8 @@ struct ncfsm_comm {
   ncfsm_unique_id uid;
   struct ncfsm_boot *boot;        /* ncfsm_comm_init_boot: the exchange is posted by the loop */
   struct ncfsm_boot_req *uid_req; /* unique id exchange in flight */
+  struct ncfsm_boot *vboot;       /* async verification's channel (NCFSM_VERIFY_ASYNC) */
+  struct ncfsm__vreq *vq_head, *vq_tail; /* its exchanges in flight, oldest first */
   char *uid_buf;                  /* size * NCFSM_UNIQUE_ID_BYTES */
   int async_code;     /* backend code of the failure that moved it to ERROR */
   ncfsm_result_t cause;
@@ -294,6 +296,16 @@ bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
 ncfsm_result_t ncfsm__comm_dump(ncfsm_comm *c, const char *dir, const char *reason);
 /* The recorder entry of w after a change of w. */
 void ncfsm__rec_work(ncfsm_work *w);
+
+/* ---- verify.c ---- */
+/* c launched collective seq c->coll_seq - 1: post the window's exchange when
+ * it ends one (never fails the comm here: a failed post is reported by
+ * ncfsm__verify_poll). */
+void ncfsm__verify_launched(ncfsm_comm *c);
+/* Test c's exchanges in order; a divergence, a stall or a bootstrap error
+ * fails c. True when something finished. */
+bool ncfsm__verify_poll(ncfsm_comm *c, uint64_t now);
+void ncfsm__verify_free(ncfsm_comm *c);
 
 /* ---- progress.c ---- */
 void ncfsm__progress(ncfsm_loop *loop);

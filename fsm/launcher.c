@@ -132,6 +132,7 @@ static void take_seq(ncfsm_work *w) {
     default:
       w->fp.seq = c->coll_seq++;
       c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);
+      if (c->vboot) ncfsm__verify_launched(c);
       break;
   }
 }

@@ -96,6 +96,10 @@ void ncfsm__progress(ncfsm_loop *loop) {
     /* first: a drained comm needs no async watch */
     if (c->nsq && ncfsm__has(c, NCFSM_SF_WORKS)) progress |= drain_streams(c);
     if (needs_poll(c, &now)) progress |= poll_comm(c);
+    if (c->vq_head) {
+      if (!now) now = ncfsm__now_ns();
+      progress |= ncfsm__verify_poll(c, now);
+    }
     if (c->opts.timeout_ms || c->work_deadlines) {
       if (!now) now = ncfsm__now_ns();
       ncfsm__watchdog(c, now);

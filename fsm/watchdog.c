@@ -76,7 +76,7 @@ void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int
   ncfsm__fire(c, ev, cause);
   if (c->state != NCFSM_STATE_ERROR) return;
   /* Every error dumps the recorder first, before the policy acts (issue 9). */
-  ncfsm__comm_dump(c, NULL, ev == NCFSM_EV_TIMEOUT ? "timeout" : "error");
+  ncfsm__comm_dump(c, NULL, cause == NCFSM_ERR_MISMATCH ? "verify" : ev == NCFSM_EV_TIMEOUT ? "timeout" : "error");
   switch (c->opts.on_error) {
     case NCFSM_ON_ERROR_STAY: break;
     case NCFSM_ON_ERROR_EXIT:

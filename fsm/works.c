@@ -24,6 +24,7 @@ void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) {
 static void comm_free(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   if (c->uid_req) ncfsm_boot_req_free(c->uid_req);
+  ncfsm__verify_free(c);
   free(c->uid_buf);
   for (ncfsm_comm **pp = &loop->comms; *pp; pp = &(*pp)->next)
     if (*pp == c) { *pp = c->next; loop->ncomms--; break; }

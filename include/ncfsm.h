@@ -231,6 +231,17 @@ void ncfsm_sim_opts_init(ncfsm_sim_opts *o); /* defaults, then NCFSM_SIM_* envir
 /* The watchdog's default deadline (10 minutes, PyTorch's default too). */
 #define NCFSM_DEFAULT_TIMEOUT_MS 600000u
 
+/* Cross-rank verification of the collective order (R11; docs/ordering.md). */
+typedef enum ncfsm_verify_mode {
+  NCFSM_VERIFY_OFF = 0, /* default */
+  NCFSM_VERIFY_ASYNC    /* launch at once; every verify_window collectives the ranks exchange
+                           (seq, rolling hash) through the comm's bootstrap, without a barrier:
+                           a divergence, or a window not completed by every rank within
+                           verify_stall_ms, fails the comm (NCFSM_ERR_MISMATCH / _TIMEOUT) and
+                           dumps its recorder. Needs ncfsm_comm_init_boot (the bootstrap stays
+                           open for the comm's life) */
+} ncfsm_verify_mode_t;
+
 typedef void (*ncfsm_state_cb)(ncfsm_comm *comm, ncfsm_state_t from, ncfsm_state_t to,
                                ncfsm_event_t ev, void *arg);
 
@@ -249,6 +260,10 @@ typedef struct ncfsm_comm_opts {
   const char *name;             /* shown in logs and last-error strings */
   unsigned trace_buffer;        /* flight recorder: records kept per comm (a ring; 0 = off; default 2048
                                    or NCFSM_TRACE_BUFFER); docs/ordering.md */
+  ncfsm_verify_mode_t verify;   /* NCFSM_VERIFY (off|async) */
+  unsigned verify_window;       /* collectives per exchange (default 64; NCFSM_VERIFY_WINDOW) */
+  uint64_t verify_stall_ms;     /* an exchange not done by then fails the comm (default 5000;
+                                   NCFSM_VERIFY_STALL_MS; 0 = never) */
   const char *dump_dir;         /* where the recorder is dumped on every error and watchdog expiry (and
                                    on SIGUSR1 with ncfsm_loop_opts.dump_on_signal); NULL or "" = no
                                    automatic dumps (default NCFSM_DUMP_DIR) */

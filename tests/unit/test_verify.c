@@ -1,0 +1,190 @@
+/*
+ * Async cross-rank verification (issue 9, item 4; docs/ordering.md): two
+ * ranks, each on its own thread with its own loop, joined through the
+ * in-process bootstrap; window 4. A consistent run passes; a silent
+ * mismatch (AllReduce SUM on rank 0, MAX on rank 1: NCCL and the sim
+ * complete it on both ranks with no error, R11) fails both comms with
+ * NCFSM_ERR_MISMATCH at the next window; a rank that stops fails the other
+ * after verify_stall_ms, long before the watchdog.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "helpers.h"
+#include "ncfsm/bootstrap.h"
+
+#define N 2
+#define OPS 12
+
+enum scenario { CONSISTENT, SILENT_MISMATCH, STALL };
+
+struct rank_result {
+  const char *fail_at;
+  ncfsm_state_t state;
+  ncfsm_result_t cause; /* first non-OK work status */
+  int ok, failed;
+  double detect_ms; /* submit of the first op -> the comm in ERROR */
+  char failure[512];
+};
+
+static enum scenario sc;
+static const char *group;
+static struct rank_result res[N];
+static int32_t bufs[N][OPS][4];
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  struct rank_result *r = arg;
+  if (st == NCFSM_OK) r->ok++;
+  else if (!r->failed++) r->cause = st;
+}
+
+#define CHECK(cond)                    \
+  do {                                 \
+    if (!(cond)) {                     \
+      res[rank].fail_at = #cond;       \
+      goto out;                        \
+    }                                  \
+  } while (0)
+
+static void *rank_main(void *arg) {
+  int rank = (int)(intptr_t)arg;
+  struct rank_result *r = &res[rank];
+  ncfsm_loop *loop = NULL;
+  ncfsm_boot *boot = NULL;
+  ncfsm_comm *c = NULL;
+  CHECK(ncfsm_loop_new(NULL, &loop) == NCFSM_OK);
+  ncfsm_boot_opts bo;
+  ncfsm_boot_opts_init(&bo);
+  bo.kind = NCFSM_BOOT_LOCAL;
+  bo.local_group = group;
+  bo.rank = rank;
+  bo.size = N;
+  CHECK(ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &boot) == NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_sim_opts_init(&so);
+  ncfsm_comm_opts o;
+  ncfsm_comm_opts_init(&o);
+  o.backend = NCFSM_BACKEND_SIM;
+  o.sim = &so;
+  o.on_error = NCFSM_ON_ERROR_STAY;
+  o.timeout_ms = 20000; /* the watchdog: far later than verification must act */
+  o.verify = NCFSM_VERIFY_ASYNC;
+  o.verify_window = 4;
+  o.verify_stall_ms = 300;
+  o.name = "verify";
+  CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
+  CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
+  CHECK(ncfsm_comm_wait_state(c, NCFSM_STATE_READY, 10000) == NCFSM_OK);
+  int nops = sc == STALL && rank == 1 ? 2 : OPS;
+  double t0 = now_ms();
+  for (int k = 0; k < nops; k++) {
+    ncfsm_redop_t op = sc == SILENT_MISMATCH && rank == 1 && k == 5 ? NCFSM_OP_MAX : NCFSM_OP_SUM;
+    for (int i = 0; i < 4; i++) bufs[rank][k][i] = rank + 1;
+    CHECK(ncfsm_allreduce(c, bufs[rank][k], bufs[rank][k], 4, NCFSM_INT32, op, NULL, on_done, r, NULL) ==
+          NCFSM_OK);
+  }
+  /* Run until every callback came or the comm failed, bounded. */
+  double limit = t0 + 10000;
+  while (now_ms() < limit) {
+    CHECK(ncfsm_loop_run(loop, NCFSM_RUN_ONCE) == NCFSM_OK);
+    ncfsm_state_t s = ncfsm_comm_state(c);
+    if (s == NCFSM_STATE_ERROR && r->detect_ms == 0) r->detect_ms = now_ms() - t0;
+    if (r->ok + r->failed == nops && (s == NCFSM_STATE_ERROR || sc == CONSISTENT || (sc == STALL && rank == 1)))
+      break;
+  }
+  /* a consistent run: let the last windows' exchanges finish on both ranks */
+  if (sc == CONSISTENT) CHECK(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT) == NCFSM_OK);
+  r->state = ncfsm_comm_state(c);
+  snprintf(r->failure, sizeof r->failure, "%s", ncfsm_comm_failure(c));
+out:
+  if (c) {
+    if (ncfsm_comm_state(c) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(c);
+    ncfsm_comm_release(c);
+  }
+  if (loop) ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
+  if (boot) ncfsm_boot_close(boot);
+  if (loop && ncfsm_loop_close(loop) != NCFSM_OK && !r->fail_at) r->fail_at = "loop close";
+  return NULL;
+}
+
+static void run(enum scenario s, const char *g) {
+  sc = s;
+  group = g;
+  memset(res, 0, sizeof res);
+  pthread_t th[N];
+  for (int r = 0; r < N; r++) pthread_create(&th[r], NULL, rank_main, (void *)(intptr_t)r);
+  for (int r = 0; r < N; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < N; r++) {
+    if (res[r].fail_at) fail_msg("rank %d: %s", r, res[r].fail_at);
+    printf("rank %d: state %s, %d ok, %d failed (%s), in ERROR after %.1f ms; %s\n", r,
+           ncfsm_state_name(res[r].state), res[r].ok, res[r].failed,
+           res[r].failed ? ncfsm_err_name(res[r].cause) : "-", res[r].detect_ms, res[r].failure);
+  }
+}
+
+static void test_consistent(void **state) {
+  (void)state;
+  run(CONSISTENT, "verify-consistent");
+  for (int r = 0; r < N; r++) {
+    assert_int_equal(res[r].state, NCFSM_STATE_READY);
+    assert_int_equal(res[r].ok, OPS);
+    assert_int_equal(res[r].failed, 0);
+  }
+}
+
+static void test_silent_mismatch(void **state) {
+  (void)state;
+  run(SILENT_MISMATCH, "verify-mismatch");
+  for (int r = 0; r < N; r++) {
+    assert_int_equal(res[r].state, NCFSM_STATE_ERROR);
+    assert_non_null(strstr(res[r].failure, "differ across ranks"));
+    assert_non_null(strstr(res[r].failure, "NCFSM_ERR_MISMATCH"));
+    assert_true(res[r].detect_ms > 0 && res[r].detect_ms < 5000); /* the watchdog is at 20 s */
+  }
+}
+
+static void test_stall(void **state) {
+  (void)state;
+  run(STALL, "verify-stall");
+  assert_int_equal(res[0].state, NCFSM_STATE_ERROR);
+  assert_non_null(strstr(res[0].failure, "not every rank reached collective seq 4"));
+  assert_true(res[0].detect_ms >= 300 && res[0].detect_ms < 5000);
+}
+
+/* Without a bootstrap there is no channel: refused at init, with a hint. */
+static void test_needs_bootstrap(void **state) {
+  (void)state;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.verify = NCFSM_VERIFY_ASYNC;
+  ncfsm_comm *c[1];
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_init(c[0], 2, 0, &id), NCFSM_ERR_INVALID_USAGE);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "ncfsm_comm_init_boot"));
+  teardown_all(loop, c, 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_consistent),
+      cmocka_unit_test(test_silent_mismatch),
+      cmocka_unit_test(test_stall),
+      cmocka_unit_test(test_needs_bootstrap),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
