@@ -88,6 +88,17 @@ typedef struct setting {
   X("NCFSM_COALESCE_MAX", numeric_note, NULL, "%u%s", lo.coalesce_max,                   \
     lo.coalesce_max == 1 ? " (off)" : "")                                                \
   X("NCFSM_TIMING", numeric_note, NULL, "%d%s", co.timing, co.timing ? "" : " (off)")    \
+  X("NCFSM_TRACE_BUFFER", numeric_note, NULL, "%u%s", co.trace_buffer,                   \
+    co.trace_buffer ? "" : " (off)")                                                     \
+  X("NCFSM_DUMP_DIR", no_note, NULL, "%s", co.dump_dir && *co.dump_dir ? co.dump_dir     \
+                                                                       : "(none)") \
+  X("NCFSM_DUMP_SIGNAL", numeric_note, NULL, "%d%s", lo.dump_on_signal,                  \
+    lo.dump_on_signal ? "" : " (off)")                                                   \
+  X("NCFSM_VERIFY", choice_note, verify, "%s",                                           \
+    co.verify == NCFSM_VERIFY_ASYNC ? "async" : "off")                                   \
+  X("NCFSM_VERIFY_WINDOW", numeric_note, NULL, "%u", co.verify_window)                   \
+  X("NCFSM_VERIFY_STALL_MS", numeric_note, NULL, "%llu%s",                               \
+    (unsigned long long)co.verify_stall_ms, co.verify_stall_ms ? "" : " (never)")        \
   X("NCFSM_DEBUG", choice_note_ci, levels, "%s", level_name(ncfsm__log_level))           \
   X("NCFSM_DEBUG_SUBSYS", no_note, NULL, "%s", sub)
 
@@ -209,6 +220,7 @@ static void gather_settings(report *r) {
   static const char *const backends[] = {"auto", "sim", "nccl", "null", NULL};
   static const char *const on_error[] = {"abort", "stay", "exit", "revoke", NULL};
   static const char *const overlap[] = {"reject", "warn", "off", NULL};
+  static const char *const verify[] = {"off", "async", NULL};
   static const char *const levels[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE", NULL};
   const char *be = ncfsm__env_str("NCFSM_BACKEND", "auto");
   char sub[128];
@@ -345,7 +357,7 @@ static void print_text(const report *r) {
   printf("\nConfiguration (effective value; environment)\n");
   for (size_t i = 0; i < N_SETTINGS; i++) {
     const setting *s = &r->settings[i];
-    printf("  %-20s %-14s %s%s%s%s%s\n", s->env, s->value, s->raw ? "set: \"" : "default", s->raw ? s->raw : "",
+    printf("  %-22s %-14s %s%s%s%s%s\n", s->env, s->value, s->raw ? "set: \"" : "default", s->raw ? s->raw : "",
            s->raw ? "\"" : "", s->note[0] ? "; " : "", s->note);
   }
 }
