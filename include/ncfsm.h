@@ -238,8 +238,9 @@ typedef enum ncfsm_verify_mode {
                            (seq, rolling hash) through the comm's bootstrap, without a barrier:
                            a divergence, or a window not completed by every rank within
                            verify_stall_ms, fails the comm (NCFSM_ERR_MISMATCH / _TIMEOUT) and
-                           dumps its recorder. Needs ncfsm_comm_init_boot (the bootstrap stays
-                           open for the comm's life) */
+                           dumps its recorder. Needs ncfsm_comm_init_boot; the bootstrap then
+                           belongs to the verification for the comm's life (open, and no
+                           allgathers of the program's own on it: docs/ordering.md) */
 } ncfsm_verify_mode_t;
 
 typedef void (*ncfsm_state_cb)(ncfsm_comm *comm, ncfsm_state_t from, ncfsm_state_t to,
