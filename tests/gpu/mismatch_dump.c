@@ -7,7 +7,13 @@
  * dumped on request. The dumps go to DIR, where `ncfsm-trace DIR` and
  * PyTorch's `fr_trace` read them.
  *
- *   mismatch_dump DIR [--timeout-ms MS] [--require-gpu] [--kind op|count|dtype|root|redop|skip]
+ *   mismatch_dump DIR [--timeout-ms MS] [--require-gpu]
+ *                 [--kind op|count|count_r1small|dtype|root|redop|skip]
+ *
+ * After the comms are aborted it prints the first elements of every rank's
+ * receive buffer of the mismatched call (rank r's input is 10 * (r + 1) in
+ * every element; the warm-up's result was 30), which is what R11's table
+ * says about the data.
  *
  * Exit 0 when the run went as R11 says (dumps queued for both ranks), 1
  * otherwise, 77 when --require-gpu finds fewer than 2 GPUs.
@@ -94,6 +100,9 @@ int main(int argc, char **argv) {
   } else if (!strcmp(kind, "count")) {
     sr[0] = ncfsm_allreduce(c[0], buf[0][1], buf[0][1], 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[0]);
     sr[1] = ncfsm_allreduce(c[1], buf[1][1], buf[1][1], 8, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[1]);
+  } else if (!strcmp(kind, "count_r1small")) {
+    sr[0] = ncfsm_allreduce(c[0], buf[0][1], buf[0][1], 8, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[0]);
+    sr[1] = ncfsm_allreduce(c[1], buf[1][1], buf[1][1], 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[1]);
   } else if (!strcmp(kind, "dtype")) {
     sr[0] = ncfsm_allreduce(c[0], buf[0][1], buf[0][1], N, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[0]);
     sr[1] = ncfsm_allreduce(c[1], buf[1][1], buf[1][1], N, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[1]);
@@ -132,8 +141,20 @@ int main(int argc, char **argv) {
   /* R11: the op and count mismatches and the skip leave rank 1 hanging. */
   int hang = !strcmp(kind, "op") || !strcmp(kind, "count") || !strcmp(kind, "skip");
   if (hang && st[1] != NCFSM_ERR_TIMEOUT) rc = 1;
-  for (int r = 0; r < 2; r++) {
+  /* Abort first: a kernel that hangs would hold a synchronous copy. */
+  for (int r = 0; r < 2; r++)
     if (ncfsm_comm_state(c[r]) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(c[r]);
+  for (int r = 0; r < 2; r++) {
+    float out[N];
+    if (ncfsm_memcpy(c[r], out, buf[r][1], sizeof out, 0) != NCFSM_OK) {
+      printf("rank %d: receive buffer unreadable after abort\n", r);
+      continue;
+    }
+    printf("rank %d: receive buffer after the call:", r);
+    for (int i = 0; i < N; i++) printf(" %g", (double)out[i]);
+    printf("  (its input: %d each)\n", 10 * (r + 1));
+  }
+  for (int r = 0; r < 2; r++) {
     for (int k = 0; k < 2; k++) ncfsm_mem_free(c[r], buf[r][k]);
     ncfsm_comm_release(c[r]);
   }
