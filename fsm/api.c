@@ -1,5 +1,6 @@
 /* Public communicator, group, operation and work calls: legality from the
- * table, argument checks, bookkeeping. Backend calls happen in engine.c. */
+ * table, argument checks, bookkeeping. Backend calls happen in launcher.c,
+ * progress.c and verify.c, and here for destroy, abort and revoke. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,9 @@
  *   launcher.c  per-comm launch queues, launches, inits, finalizes, aborts
  *   ranges.c    buffer ranges: R12 overlap checks
  *   progress.c  polls of the async state and of completion events
- *   watchdog.c  deadlines and the error policy (ncfsm__comm_fail)
+ *   watchdog.c  deadlines, the error policy (ncfsm__comm_fail), recorder dumps
+ *   recorder.c  the flight recorder ring and its dump formats (recorder.h)
+ *   verify.c    async cross-rank verification (NCFSM_VERIFY=async)
  *   loop.c      the libevent glue; api.c the public calls
  */
 #ifndef NCFSM_FSM_INTERNAL_H
