@@ -1,6 +1,7 @@
 /* Public communicator, group, operation and work calls: legality from the
- * table, argument checks, bookkeeping. Backend calls happen in launcher.c,
- * progress.c and verify.c, and here for destroy, abort and revoke. */
+ * table, argument checks, bookkeeping. Backend calls happen in launcher.c
+ * (launches, inits, finalizes, aborts), progress.c (polls, events),
+ * watchdog.c (revoke) and here (destroy). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
