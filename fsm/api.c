@@ -871,6 +871,14 @@ ncfsm_result_t ncfsm_work_status(const ncfsm_work *w) {
   return s;
 }
 
+ncfsm_result_t ncfsm_work_get_fingerprint(const ncfsm_work *w, ncfsm_fingerprint_t *out) {
+  if (!work_ok(w) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
+  LOCK(w->comm->loop);
+  *out = w->fp;
+  UNLOCK(w->comm->loop);
+  return NCFSM_OK;
+}
+
 const ncfsm_fingerprint_t *ncfsm_work_fingerprint(const ncfsm_work *w) {
   return work_ok(w) ? &w->fp : NULL;
 }

@@ -394,7 +394,12 @@ ncfsm_result_t ncfsm_recv(ncfsm_comm *c, void *recv, size_t count, ncfsm_dtype_t
 ncfsm_work_state_t ncfsm_work_state(const ncfsm_work *w);
 /* NCFSM_ERR_AGAIN while not final, else the final status. */
 ncfsm_result_t ncfsm_work_status(const ncfsm_work *w);
+/* The work's fingerprint. Its seq is written when the work launches (on the
+ * loop's thread): read through this pointer on the loop's thread (callbacks)
+ * or once the work launched; from any thread, ncfsm_work_get_fingerprint
+ * copies it under the loop's lock. */
 const ncfsm_fingerprint_t *ncfsm_work_fingerprint(const ncfsm_work *w);
+ncfsm_result_t ncfsm_work_get_fingerprint(const ncfsm_work *w, ncfsm_fingerprint_t *out);
 ncfsm_comm *ncfsm_work_comm(const ncfsm_work *w);
 /* Nonzero once the work reached IN_FLIGHT or later: from then on its NCCL
  * kernels are on the stream, and dependent stream work may be queued (R2). */

@@ -562,8 +562,12 @@ fz_op *fz_submit(fz_comm *c, const fz_args *a) {
                    op->id, fn, rname(rc), e ? e : "(null)");
   }
   if (rc == NCFSM_OK && w) {
-    const ncfsm_fingerprint_t *fp = ncfsm_work_fingerprint(w);
-    if (!fp) fz_violation("op %d: ncfsm_work_fingerprint returned NULL", op->id);
+    if (!ncfsm_work_fingerprint(w)) fz_violation("op %d: ncfsm_work_fingerprint returned NULL", op->id);
+    /* one consistent copy: a loop thread may launch the work (and write its seq) meanwhile */
+    ncfsm_fingerprint_t fpc;
+    if (ncfsm_work_get_fingerprint(w, &fpc) != NCFSM_OK)
+      fz_violation("op %d: ncfsm_work_get_fingerprint failed", op->id);
+    const ncfsm_fingerprint_t *fp = &fpc;
     int32_t root = rooted(a->kind) ? a->root : -1, redop = reduces(a->kind) ? a->redop : -1,
             peer = p2p(a->kind) ? a->peer : -1;
 #if FZ_SEQ_AT_LAUNCH
