@@ -41,16 +41,35 @@ void make_comms(ncfsm_loop *loop, int n, ncfsm_comm_opts *o, ncfsm_comm **c, int
   }
 }
 
-ncfsm_loop *ready_comms(int n, ncfsm_comm **c) {
+ncfsm_loop *ready_comms_with(int n, ncfsm_comm **c, ncfsm_comm_opts *o) {
   ncfsm_loop *loop;
   assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  make_comms(loop, n, o, c, 0);
+  for (int r = 0; r < n; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  return loop;
+}
+
+ncfsm_loop *ready_comms(int n, ncfsm_comm **c) {
   ncfsm_sim_opts so;
   ncfsm_comm_opts o;
   test_sim_opts(&so);
   test_comm_opts(&o, &so);
-  make_comms(loop, n, &o, c, 0);
-  for (int r = 0; r < n; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
-  return loop;
+  return ready_comms_with(n, c, &o);
+}
+
+int cb_count[64];
+ncfsm_result_t cb_status[64];
+
+void count_cb(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  int i = (int)(intptr_t)arg;
+  cb_count[i]++;
+  cb_status[i] = st;
+}
+
+void reset_cbs(void) {
+  memset(cb_count, 0, sizeof cb_count);
+  for (int i = 0; i < 64; i++) cb_status[i] = NCFSM_ERR_AGAIN;
 }
 
 void run_turns(ncfsm_loop *loop, int n) {

@@ -27,6 +27,13 @@ void make_comms(ncfsm_loop *loop, int n, ncfsm_comm_opts *o, ncfsm_comm **c, int
 void run_turns(ncfsm_loop *loop, int n);
 /* A new loop and n READY sim comms of one clique with the test defaults. */
 ncfsm_loop *ready_comms(int n, ncfsm_comm **c);
+/* The same with the caller's options. */
+ncfsm_loop *ready_comms_with(int n, ncfsm_comm **c, ncfsm_comm_opts *o);
+/* A work callback that counts per index (arg = (void *)(intptr_t)index). */
+extern int cb_count[64];
+extern ncfsm_result_t cb_status[64];
+void count_cb(ncfsm_work *w, ncfsm_result_t st, void *arg);
+void reset_cbs(void);
 /* Run until comm is in state s (fails the test after many turns). */
 void run_until_state(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_state_t s);
 /* Abort (when not closed) and release every comm, then close the loop. */

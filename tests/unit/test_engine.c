@@ -8,19 +8,6 @@
 
 #include <event2/event.h>
 
-static int cb_count[64];
-static ncfsm_result_t cb_status[64];
-static void count_cb(ncfsm_work *w, ncfsm_result_t st, void *arg) {
-  (void)w;
-  int i = (int)(intptr_t)arg;
-  cb_count[i]++;
-  cb_status[i] = st;
-}
-static void reset_cbs(void) {
-  memset(cb_count, 0, sizeof cb_count);
-  memset(cb_status, 0xff, sizeof cb_status);
-}
-
 /* Comm transitions of one comm, as a string "NEW>INIT_IN_PROGRESS>...". */
 static void comm_path(const trace_log *t, const void *comm, char *out, size_t len) {
   out[0] = '\0';

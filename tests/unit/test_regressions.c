@@ -13,31 +13,10 @@
 
 #include "helpers.h"
 
-static int cb_calls[8];
-static ncfsm_result_t cb_st[8];
-static void cb(ncfsm_work *w, ncfsm_result_t st, void *arg) {
-  (void)w;
-  int i = (int)(intptr_t)arg;
-  cb_calls[i]++;
-  cb_st[i] = st;
-}
-static void reset_cbs(void) {
-  memset(cb_calls, 0, sizeof cb_calls);
-  for (int i = 0; i < 8; i++) cb_st[i] = NCFSM_ERR_AGAIN;
-}
-
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static ncfsm_loop *comms_with(int n, ncfsm_comm **c, ncfsm_comm_opts *o) {
-  ncfsm_loop *loop;
-  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
-  make_comms(loop, n, o, c, 0);
-  for (int r = 0; r < n; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
-  return loop;
 }
 
 static int32_t buf[8][16];
@@ -52,20 +31,20 @@ static void test_destroy_inflight_never_ok(void **state) {
   ncfsm_comm *c[2];
   ncfsm_loop *loop = ready_comms(2, c);
   for (int i = 0; i < 4; i++) buf[0][i] = 7;
-  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)0, NULL), NCFSM_OK);
   run_turns(loop, 5);
   assert_int_equal(ncfsm_comm_destroy(c[0]), NCFSM_ERR_ILLEGAL_STATE);
   assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_READY);
-  assert_int_equal(cb_calls[0], 0);
+  assert_int_equal(cb_count[0], 0);
   assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
   run_turns(loop, 2);
-  assert_int_equal(cb_calls[0], 1);
-  assert_int_equal(cb_st[0], NCFSM_ERR_ABORTED);
+  assert_int_equal(cb_count[0], 1);
+  assert_int_equal(cb_status[0], NCFSM_ERR_ABORTED);
   /* the peer arrives late: nothing changes for rank 0's work */
-  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)1, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)1, NULL), NCFSM_OK);
   run_turns(loop, 10);
-  assert_int_equal(cb_calls[0], 1);
-  assert_int_equal(cb_st[0], NCFSM_ERR_ABORTED);
+  assert_int_equal(cb_count[0], 1);
+  assert_int_equal(cb_status[0], NCFSM_ERR_ABORTED);
   assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_CLOSED);
   teardown_all(loop, c, 2);
 }
@@ -77,14 +56,14 @@ static void test_revoke_fails_unobserved(void **state) {
   reset_cbs();
   ncfsm_comm *c[2];
   ncfsm_loop *loop = ready_comms(2, c);
-  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)0, NULL), NCFSM_OK);
   run_turns(loop, 5);
   assert_int_equal(ncfsm_comm_revoke(c[0]), NCFSM_OK);
-  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)1, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)1, NULL), NCFSM_OK);
   assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_REVOKED, 5000), NCFSM_OK);
   run_turns(loop, 5);
-  assert_int_equal(cb_calls[0], 1);
-  assert_int_equal(cb_st[0], NCFSM_ERR_ABORTED);
+  assert_int_equal(cb_count[0], 1);
+  assert_int_equal(cb_status[0], NCFSM_ERR_ABORTED);
   teardown_all(loop, c, 2);
 }
 
@@ -112,20 +91,20 @@ static void test_shared_stream_stay_destroy(void **state) {
   void *s;
   assert_int_equal(ncfsm_stream_create(a[0], &s), NCFSM_OK);
   /* a[0]'s op never completes (a[1] never joins); b[0]'s waits behind it on s */
-  assert_int_equal(ncfsm_allreduce(a[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, s, cb, (void *)0, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(a[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, s, count_cb, (void *)0, NULL), NCFSM_OK);
   run_turns(loop, 5); /* a[0]'s op is on s first */
   assert_int_equal(ncfsm_comm_state(a[0]), NCFSM_STATE_READY);
-  assert_int_equal(ncfsm_allreduce(b[0], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, s, cb, (void *)1, NULL), NCFSM_OK);
-  assert_int_equal(ncfsm_allreduce(b[1], buf[2], buf[2], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)2, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(b[0], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, s, count_cb, (void *)1, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(b[1], buf[2], buf[2], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)2, NULL), NCFSM_OK);
   run_turns(loop, 10);
   assert_int_equal(ncfsm_comm_destroy(b[0]), NCFSM_ERR_ILLEGAL_STATE);
   double t0 = now_s();
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
   assert_true(now_s() - t0 < 10.0);
-  assert_int_equal(cb_calls[0], 1);
-  assert_int_equal(cb_st[0], NCFSM_ERR_TIMEOUT);
-  assert_int_equal(cb_calls[1], 1);
-  assert_true(cb_st[1] != NCFSM_OK); /* never OK: its data never arrived */
+  assert_int_equal(cb_count[0], 1);
+  assert_int_equal(cb_status[0], NCFSM_ERR_TIMEOUT);
+  assert_int_equal(cb_count[1], 1);
+  assert_true(cb_status[1] != NCFSM_OK); /* never OK: its data never arrived */
   assert_int_equal(ncfsm_comm_state(a[0]), NCFSM_STATE_ERROR);
   assert_non_null(strstr(ncfsm_comm_failure(a[0]), "watchdog"));
   assert_int_equal(ncfsm_stream_destroy(a[0], s), NCFSM_OK);
@@ -148,7 +127,7 @@ static void test_revoke_after_error_messages(void **state) {
   test_comm_opts(&o, &so);
   o.on_error = NCFSM_ON_ERROR_STAY;
   ncfsm_comm *c[1];
-  ncfsm_loop *loop = comms_with(1, c, &o);
+  ncfsm_loop *loop = ready_comms_with(1, c, &o);
   assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
   run_until_state(loop, c[0], NCFSM_STATE_ERROR);
   char failure[512];
@@ -175,7 +154,7 @@ static void test_revoke_after_error_messages(void **state) {
   test_sim_opts(&so);
   so.has_revoke = 0;
   test_comm_opts(&o, &so);
-  loop = comms_with(1, c, &o);
+  loop = ready_comms_with(1, c, &o);
   assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_OK);
   assert_int_equal(ncfsm_comm_finalize(c[0]), NCFSM_ERR_ILLEGAL_STATE); /* leaves a message */
   assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_FINALIZED, 5000), NCFSM_OK);
@@ -193,12 +172,12 @@ static void test_stream_destroy_busy(void **state) {
   ncfsm_loop *loop = ready_comms(2, c);
   void *s;
   assert_int_equal(ncfsm_stream_create(c[0], &s), NCFSM_OK);
-  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, s, cb, (void *)0, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, s, count_cb, (void *)0, NULL), NCFSM_OK);
   assert_int_equal(ncfsm_stream_destroy(c[0], s), NCFSM_ERR_BUSY);
   assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "not finished"));
-  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)1, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)1, NULL), NCFSM_OK);
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
-  assert_int_equal(cb_st[0], NCFSM_OK);
+  assert_int_equal(cb_status[0], NCFSM_OK);
   assert_int_equal(ncfsm_stream_destroy(c[0], s), NCFSM_OK);
   teardown_all(loop, c, 2);
 }
@@ -214,7 +193,7 @@ static void test_wait_timeout_vs_watchdog(void **state) {
   o.timeout_ms = 300;
   o.on_error = NCFSM_ON_ERROR_STAY;
   ncfsm_comm *c[2];
-  ncfsm_loop *loop = comms_with(2, c, &o);
+  ncfsm_loop *loop = ready_comms_with(2, c, &o);
   ncfsm_work *w;
   assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
   assert_int_equal(ncfsm_work_wait(w, 20), NCFSM_ERR_AGAIN); /* the wait's own limit */
@@ -232,19 +211,19 @@ static void test_double_release(void **state) {
   ncfsm_comm *c[2];
   ncfsm_loop *loop = ready_comms(2, c);
   ncfsm_work *w;
-  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, &w), NCFSM_OK);
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)0, &w), NCFSM_OK);
   assert_int_equal(ncfsm_work_release(w), NCFSM_OK);
   assert_int_equal(ncfsm_work_release(w), NCFSM_ERR_INVALID_USAGE); /* still queued: detected */
   for (int k = 1; k < 4; k++)
-    assert_int_equal(ncfsm_allreduce(c[0], buf[k], buf[k], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)(intptr_t)k, NULL), NCFSM_OK);
+    assert_int_equal(ncfsm_allreduce(c[0], buf[k], buf[k], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)(intptr_t)k, NULL), NCFSM_OK);
   for (int k = 0; k < 4; k++)
-    assert_int_equal(ncfsm_allreduce(c[1], buf[4 + k], buf[4 + k], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)(intptr_t)(4 + k), NULL), NCFSM_OK);
+    assert_int_equal(ncfsm_allreduce(c[1], buf[4 + k], buf[4 + k], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)(intptr_t)(4 + k), NULL), NCFSM_OK);
   double t0 = now_s();
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
   assert_true(now_s() - t0 < 10.0);
   for (int k = 0; k < 8; k++) {
-    assert_int_equal(cb_calls[k], 1);
-    assert_int_equal(cb_st[k], NCFSM_OK);
+    assert_int_equal(cb_count[k], 1);
+    assert_int_equal(cb_status[k], NCFSM_OK);
   }
   /* after the work is freed, a third release is still recognised */
   assert_int_equal(ncfsm_work_release(w), NCFSM_ERR_INVALID_USAGE);
@@ -329,11 +308,11 @@ static void test_async_cause_independent_of_timing(void **state) {
     test_comm_opts(&o, &so);
     o.on_error = NCFSM_ON_ERROR_STAY;
     ncfsm_comm *c[1];
-    ncfsm_loop *loop = comms_with(1, c, &o);
-    assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)0, NULL), NCFSM_OK);
+    ncfsm_loop *loop = ready_comms_with(1, c, &o);
+    assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)0, NULL), NCFSM_OK);
     assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
-    assert_int_equal(cb_calls[0], 1);
-    assert_int_equal(cb_st[0], NCFSM_ERR_ASYNC);
+    assert_int_equal(cb_count[0], 1);
+    assert_int_equal(cb_status[0], NCFSM_ERR_ASYNC);
     teardown_all(loop, c, 1);
   }
 }
@@ -349,12 +328,12 @@ static void test_finalize_during_launch(void **state) {
   so.launch_polls = 3;
   test_comm_opts(&o, &so);
   ncfsm_comm *c[2];
-  ncfsm_loop *loop = comms_with(2, c, &o);
+  ncfsm_loop *loop = ready_comms_with(2, c, &o);
   trace_log *t = calloc(1, sizeof *t);
   ncfsm_loop_set_trace(loop, trace_record, t);
   for (int r = 0; r < 2; r++) {
     for (int i = 0; i < 4; i++) buf[r][i] = r + 1;
-    assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, cb, (void *)(intptr_t)r, NULL), NCFSM_OK);
+    assert_int_equal(ncfsm_allreduce(c[r], buf[r], buf[r], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)(intptr_t)r, NULL), NCFSM_OK);
   }
   run_until_state(loop, c[0], NCFSM_STATE_LAUNCH_IN_PROGRESS);
   for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_finalize(c[r]), NCFSM_OK);
@@ -367,7 +346,7 @@ static void test_finalize_during_launch(void **state) {
   }
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
   for (int r = 0; r < 2; r++) {
-    assert_int_equal(cb_st[r], NCFSM_OK);
+    assert_int_equal(cb_status[r], NCFSM_OK);
     assert_int_equal(buf[r][0], 3);
   }
   bool saw_final = false;
@@ -392,7 +371,7 @@ static void test_work_own_timeout(void **state) {
   o.timeout_ms = 0; /* the comm's watchdog is off */
   o.on_error = NCFSM_ON_ERROR_STAY;
   ncfsm_comm *c[2];
-  ncfsm_loop *loop = comms_with(2, c, &o);
+  ncfsm_loop *loop = ready_comms_with(2, c, &o);
   ncfsm_work *w;
   assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
   assert_int_equal(ncfsm_work_set_timeout(w, 100), NCFSM_OK);
@@ -417,7 +396,7 @@ static void test_policy_revoke(void **state) {
     o.timeout_ms = 100;
     o.on_error = NCFSM_ON_ERROR_REVOKE;
     ncfsm_comm *c[2];
-    ncfsm_loop *loop = comms_with(2, c, &o);
+    ncfsm_loop *loop = ready_comms_with(2, c, &o);
     ncfsm_work *w;
     assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
     assert_int_equal(ncfsm_work_wait(w, 10000), NCFSM_ERR_TIMEOUT);
@@ -442,12 +421,12 @@ static void test_dump_refusals(void **state) {
   test_sim_opts(&so);
   test_comm_opts(&o, &so);
   ncfsm_comm *c[1];
-  ncfsm_loop *loop = comms_with(1, c, &o);
+  ncfsm_loop *loop = ready_comms_with(1, c, &o);
   assert_int_equal(ncfsm_comm_dump(c[0], NULL), NCFSM_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "NCFSM_DUMP_DIR"));
   teardown_all(loop, c, 1);
   o.trace_buffer = 0;
-  loop = comms_with(1, c, &o);
+  loop = ready_comms_with(1, c, &o);
   assert_int_equal(ncfsm_comm_dump(c[0], "/tmp"), NCFSM_ERR_UNSUPPORTED);
   assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "NCFSM_TRACE_BUFFER"));
   teardown_all(loop, c, 1);
