@@ -11,6 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include "fsm/recorder.h"
 #include "helpers.h"
 
 static double now_s(void) {
@@ -432,6 +436,42 @@ static void test_dump_refusals(void **state) {
   teardown_all(loop, c, 1);
 }
 
+/* SIGUSR1 with dump_on_signal: the loop dumps every comm with a dump dir. */
+static void test_dump_on_signal(void **state) {
+  (void)state;
+  char dir[] = "/tmp/ncfsm_sigdump_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  ncfsm_loop_opts lo;
+  ncfsm_loop_opts_init(&lo);
+  lo.dump_on_signal = 1;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(&lo, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.dump_dir = dir;
+  ncfsm_comm *c[2];
+  make_comms(loop, 2, &o, c, 0);
+  for (int r = 0; r < 2; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+  assert_int_equal(raise(SIGUSR1), 0);
+  for (int i = 0; i < 50; i++) {
+    assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT), NCFSM_OK);
+  }
+  ncfsm__rec_shutdown(); /* the dump thread writes what is queued */
+  int json = 0;
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "ls %s | grep -c 'ncfsm_fr_.*_r[01]\\.json$'", dir);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  assert_int_equal(fscanf(f, "%d", &json), 1);
+  pclose(f);
+  assert_int_equal(json, 2);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+  teardown_all(loop, c, 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_inflight_never_ok),
@@ -450,6 +490,7 @@ int main(void) {
       cmocka_unit_test(test_work_own_timeout),
       cmocka_unit_test(test_policy_revoke),
       cmocka_unit_test(test_dump_refusals),
+      cmocka_unit_test(test_dump_on_signal),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
