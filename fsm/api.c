@@ -103,6 +103,7 @@ ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncf
     return NCFSM_ERR_BACKEND;
   }
   c->magic = NCFSM__COMM_MAGIC;
+  c->created_ns = c->state_since_ns = ncfsm__now_ns();
   c->loop = loop;
   c->state = NCFSM_STATE_NEW;
   c->rank = -1;

@@ -154,7 +154,22 @@ struct ncfsm_comm {
   uint64_t be_calls;   /* backend calls made for this comm (not polls/events): tests */
   char last_error[512];
   char failure[512];   /* the message of the failure that ended its healthy life */
+  uint64_t state_since_ns; /* when it entered its current state */
+  uint64_t created_ns;
 };
+
+/* Counters for introspection (fsm/introspect.c), kept under the loop lock.
+ * Latency: submit to a final state, per op kind, in buckets of powers of two
+ * microseconds: bucket i counts latencies <= 2^i us (the last one: the rest). */
+#define NCFSM__LAT_BUCKETS 28
+typedef struct ncfsm__stats {
+  uint64_t trans[NCFSM_STATE_COUNT][NCFSM_STATE_COUNT];   /* transitions per (from, to) */
+  uint64_t reject[NCFSM_STATE_COUNT][NCFSM_CALL_COUNT];   /* calls refused per (state, call) */
+  uint64_t lat_bucket[NCFSM_OPKIND_COUNT][NCFSM__LAT_BUCKETS];
+  uint64_t lat_count[NCFSM_OPKIND_COUNT];
+  uint64_t lat_sum_ns[NCFSM_OPKIND_COUNT];
+  uint64_t works_final[NCFSM_WORK_STATE_COUNT];           /* works that reached each final state */
+} ncfsm__stats;
 
 typedef struct ncfsm__call_req {
   void (*fn)(void *);
@@ -185,6 +200,7 @@ struct ncfsm_loop {
   bool thread_started, thread_stop;
   ncfsm_comm *comms;
   int ncomms;
+  ncfsm__stats stats;    /* introspection counters */
   int nqueued;           /* batches in launch queues (all comms) */
   uint64_t batch_order;  /* the last batch's order */
   uint64_t launch_id;    /* the last launch's id (flight recorder "group") */

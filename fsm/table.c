@@ -262,6 +262,8 @@ void ncfsm__fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t result) {
   }
   ncfsm_state_t next = (ncfsm_state_t)r->next;
   c->state = next;
+  c->loop->stats.trans[from][next]++;
+  if (next != from) c->state_since_ns = ncfsm__now_ns();
   NCFSM_TRACE(NCFSM__SUB_FSM, "[%s rank %d] %s --%s[%s]/%s (%s)--> %s", c->name, c->rank,
               ncfsm_state_name(from), ncfsm_event_name(ev), guards[r->guard].name,
               action_names[r->action], r->rule, ncfsm_state_name(next));
@@ -300,6 +302,7 @@ ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_resu
     ncfsm__set_error(c, "%s: illegal in state %s (%s): %s", ncfsm__call_fn(call),
                      ncfsm_state_name(c->state), rule, hint);
   }
+  c->loop->stats.reject[c->state][call]++;
   group_note_error(c, r);
   if (why) *why = r;
   return d;

@@ -130,6 +130,18 @@ void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st) {
   }
 }
 
+static void stats_note(ncfsm__stats *s, const ncfsm_work *w, ncfsm_work_state_t st) {
+  if ((unsigned)st < NCFSM_WORK_STATE_COUNT) s->works_final[st]++;
+  unsigned k = (unsigned)w->fp.op;
+  if (k >= NCFSM_OPKIND_COUNT || w->t_complete < w->t_submit) return;
+  uint64_t ns = w->t_complete - w->t_submit, us = (ns + 999) / 1000;
+  unsigned b = 0;
+  while (b < NCFSM__LAT_BUCKETS - 1 && us > (1ull << b)) b++;
+  s->lat_bucket[k][b]++;
+  s->lat_count[k]++;
+  s->lat_sum_ns[k] += ns;
+}
+
 /* Final state: the callback fires once, on the loop thread, at the next flush. */
 void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status) {
   if (w->notified) return;
@@ -138,6 +150,7 @@ void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t sta
   w->t_complete = ncfsm__now_ns();
   ncfsm__work_set_state(w, st);
   ncfsm_loop *loop = w->comm->loop;
+  stats_note(&loop->stats, w, st);
   w->next = NULL;
   if (loop->notify_tail) loop->notify_tail->next = w;
   else loop->notify_head = w;
