@@ -90,6 +90,12 @@ static void act_release_backend(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t f
   ncfsm__fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
 }
 
+static void act_fail_mismatched(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
+  (void)ev;
+  (void)from;
+  ncfsm__strict_fail_batch(c);
+}
+
 static void act_engine_defect(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
   ncfsm__fail_all(c, NCFSM_WORK_FAILED, c->cause);
 }

@@ -44,7 +44,10 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   o->timing = (int)ncfsm__env_ll("NCFSM_TIMING", 0);
   o->trace_buffer = (unsigned)ncfsm__env_ll("NCFSM_TRACE_BUFFER", 2048);
   o->dump_dir = ncfsm__env_str("NCFSM_DUMP_DIR", NULL);
-  o->verify = !strcmp(ncfsm__env_str("NCFSM_VERIFY", "off"), "async") ? NCFSM_VERIFY_ASYNC : NCFSM_VERIFY_OFF;
+  const char *vm = ncfsm__env_str("NCFSM_VERIFY", "off");
+  o->verify = !strcmp(vm, "async") ? NCFSM_VERIFY_ASYNC : !strcmp(vm, "strict") ? NCFSM_VERIFY_STRICT : NCFSM_VERIFY_OFF;
+  if (strcmp(vm, "off") && o->verify == NCFSM_VERIFY_OFF)
+    NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "NCFSM_VERIFY=%s is not off, async or strict: verification is off", vm);
   o->verify_window = (unsigned)ncfsm__env_ll("NCFSM_VERIFY_WINDOW", 64);
   o->verify_stall_ms = (uint64_t)ncfsm__env_ll("NCFSM_VERIFY_STALL_MS", 5000);
   const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
@@ -151,9 +154,10 @@ ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_
   ncfsm_loop *loop = c->loop;
   LOCK(loop);
   ncfsm_result_t r;
-  if (c->opts.verify == NCFSM_VERIFY_ASYNC && nranks > 1) {
-    ncfsm__set_error(c, "ncfsm_comm_init: opts.verify is async (NCFSM_VERIFY), which exchanges through a "
-                        "bootstrap: initialise with ncfsm_comm_init_boot, or set verify off");
+  if (c->opts.verify != NCFSM_VERIFY_OFF && nranks > 1) {
+    ncfsm__set_error(c, "ncfsm_comm_init: opts.verify is %s (NCFSM_VERIFY), which exchanges through a "
+                        "bootstrap: initialise with ncfsm_comm_init_boot, or set verify off",
+                     c->opts.verify == NCFSM_VERIFY_STRICT ? "strict" : "async");
     UNLOCK(loop);
     return NCFSM_ERR_INVALID_USAGE;
   }
@@ -197,7 +201,7 @@ ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
   r = comm_init_locked(c, size, rank, &id);
   if (r == NCFSM_OK) {
     c->boot = boot;
-    if (c->opts.verify == NCFSM_VERIFY_ASYNC) c->vboot = boot;
+    if (c->opts.verify != NCFSM_VERIFY_OFF && size > 1) c->vboot = boot;
     c->uid_buf = buf;
     ncfsm__loop_wake(loop);
   } else {

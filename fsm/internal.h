@@ -103,6 +103,8 @@ struct ncfsm_work {
   uint64_t t_submit, t_launch, t_final, t_complete, deadline_ns;
   ncfsm_work *bnext;     /* batch / group list */
   ncfsm_work *next;      /* launching list, stream queue, notify list, free list */
+  struct ncfsm__sreq *sreq; /* strict verification: its exchange (NULL: none or done) */
+  bool verified;  /* strict: every rank's fingerprint matched; it may launch */
   bool notified;  /* final state reached, callback queued */
   bool delivered; /* callback has run */
 };
@@ -133,6 +135,11 @@ struct ncfsm_comm {
   struct ncfsm_boot_req *uid_req; /* unique id exchange in flight */
   struct ncfsm_boot *vboot;       /* async verification's channel (NCFSM_VERIFY_ASYNC) */
   struct ncfsm__vreq *vq_head, *vq_tail; /* its exchanges in flight, oldest first */
+  struct ncfsm__sreq *sp_head, *sp_tail; /* strict: exchanges to post, in queue order */
+  struct ncfsm__sreq *sf_head, *sf_tail; /* strict: exchanges posted, oldest first */
+  uint64_t sround;    /* strict: exchanges posted so far (the same count on every rank) */
+  bool snomem;        /* strict: an exchange could not be allocated; the comm fails */
+  ncfsm_work *mismatched; /* strict: the work whose fingerprints differ (act_fail_mismatched) */
   char *uid_buf;                  /* size * NCFSM_UNIQUE_ID_BYTES */
   int async_code;     /* backend code of the failure that moved it to ERROR */
   ncfsm_result_t cause;
@@ -324,6 +331,17 @@ void ncfsm__verify_launched(ncfsm_comm *c);
  * fails c. True when something finished. */
 bool ncfsm__verify_poll(ncfsm_comm *c, uint64_t now);
 void ncfsm__verify_free(ncfsm_comm *c);
+/* Strict verification (opts.verify STRICT). w, a collective of c, was
+ * queued: its exchange is posted in queue order at the next turn. */
+void ncfsm__strict_queued(ncfsm_comm *c, ncfsm_work *w);
+/* Post what is due, test what is posted (in order); a match lets the work
+ * launch, a difference fires MISMATCH. True when something finished. */
+bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now);
+/* w leaves the engine unverified (failed, aborted): its exchange still runs,
+ * so that every rank posts the same ones, but no longer points at it. */
+void ncfsm__strict_forget(ncfsm_work *w);
+/* act_fail_mismatched: fail c->mismatched's whole batch with MISMATCH. */
+void ncfsm__strict_fail_batch(ncfsm_comm *c);
 
 /* ---- progress.c ---- */
 void ncfsm__progress(ncfsm_loop *loop);

@@ -31,6 +31,9 @@ void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b) {
     ncfsm_comm *c = l->c;
     l->b = b;
     l->next = NULL;
+    if (c->opts.verify == NCFSM_VERIFY_STRICT && c->vboot)
+      for (ncfsm_work *w = b->head; w; w = w->bnext)
+        if (w->comm == c && w->fp.peer < 0) ncfsm__strict_queued(c, w);
     if (c->bq_tail) c->bq_tail->next = l;
     else c->bq_head = l;
     c->bq_tail = l;
@@ -50,6 +53,8 @@ static bool batch_ready(const ncfsm__batch *b) {
     const ncfsm__blink *l = &b->links[i];
     if (l->c && (l->c->bq_head != l || !launchable(l->c))) return false;
   }
+  for (const ncfsm_work *w = b->head; w; w = w->bnext)
+    if (w->sreq) return false; /* strict: its fingerprints are not all in yet */
   return true;
 }
 
@@ -132,7 +137,7 @@ static void take_seq(ncfsm_work *w) {
     default:
       w->fp.seq = c->coll_seq++;
       c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);
-      if (c->vboot) ncfsm__verify_launched(c);
+      if (c->vboot && c->opts.verify == NCFSM_VERIFY_ASYNC) ncfsm__verify_launched(c);
       break;
   }
 }

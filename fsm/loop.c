@@ -306,7 +306,7 @@ bool ncfsm__loop_poll_pending(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     unsigned f = ncfsm_state_flags(c->state);
     if ((f & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE)) || c->state == NCFSM_STATE_DRAINING ||
-        c->state == NCFSM_STATE_ABORT_QUEUED || c->launching || c->vq_head)
+        c->state == NCFSM_STATE_ABORT_QUEUED || c->launching || c->vq_head || c->sf_head || c->sp_head)
       return true;
     for (int i = 0; i < c->nsq; i++)
       if (c->sq[i].head) return true;

@@ -1,5 +1,8 @@
 /*
- * Async cross-rank verification (R11; docs/ordering.md "Verification"):
+ * Cross-rank verification of the collective order (R11; docs/ordering.md
+ * "Verification"), over the comm's bootstrap.
+ *
+ * Async:
  * every verify_window launched collectives, each rank posts (seq, rolling
  * hash) to an allgather on the comm's bootstrap, without waiting for it.
  * The exchanges are posted in seq order on every rank, which is the order
@@ -7,6 +10,14 @@
  * must be equal; when one does not complete within verify_stall_ms, some
  * rank stopped before that seq while this one went on. Either fails the
  * comm long before a watchdog would, and dumps its recorder (reason verify).
+ *
+ * Strict: every collective of the comm gets one exchange of its fingerprint
+ * when it is queued, posted in queue order (so exchange k is the same
+ * collective on every rank whatever the timing); it may launch once every
+ * rank's fingerprint equals its own. A difference fires MISMATCH: its batch
+ * fails on every rank (every rank sees the same difference) and nothing of
+ * it reaches NCCL. A collective that fails otherwise keeps its exchange, so
+ * the ranks keep posting the same ones.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +70,8 @@ static void vreq_free(struct ncfsm__vreq *v) {
   free(v);
 }
 
+static void strict_free(ncfsm_comm *c);
+
 void ncfsm__verify_free(ncfsm_comm *c) {
   while (c->vq_head) {
     struct ncfsm__vreq *v = c->vq_head;
@@ -66,12 +79,14 @@ void ncfsm__verify_free(ncfsm_comm *c) {
     vreq_free(v);
   }
   c->vq_tail = NULL;
+  strict_free(c);
 }
 
 /* A failed comm stops verifying: its exchanges are dropped (a bootstrap
  * request freed unfinished makes the bootstrap unusable, which is right:
  * the ranks no longer agree on what comes next). */
 static void fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, const char *what) {
+  c->snomem = false;
   c->vboot = NULL;
   ncfsm__comm_fail(c, ev, cause, NCFSM__NCCL_SUCCESS, what);
   ncfsm__verify_free(c);
@@ -133,4 +148,253 @@ bool ncfsm__verify_poll(ncfsm_comm *c, uint64_t now) {
     progress = true;
   }
   return progress;
+}
+
+/* ---- strict ------------------------------------------------------------------ */
+
+/* What one rank sends for one collective: its exchange's number (equal on
+ * every rank by construction: a check of the channel itself) and the
+ * fingerprint fields that must agree. */
+typedef struct ncfsm__smsg {
+  uint64_t round;
+  uint64_t count;
+  int32_t op, dtype, root, redop;
+} ncfsm__smsg;
+
+struct ncfsm__sreq {
+  ncfsm__smsg mine;
+  ncfsm__smsg *all; /* nranks entries */
+  ncfsm_work *w;    /* NULL once the work left the engine */
+  ncfsm_boot_req *req;
+  uint64_t t_post;
+  struct ncfsm__sreq *next;
+};
+
+static void sreq_free(struct ncfsm__sreq *v) {
+  if (v->w) v->w->sreq = NULL;
+  if (v->req) ncfsm_boot_req_free(v->req);
+  free(v->all);
+  free(v);
+}
+
+static void strict_free(ncfsm_comm *c) {
+  for (int k = 0; k < 2; k++) {
+    struct ncfsm__sreq **head = k ? &c->sf_head : &c->sp_head;
+    while (*head) {
+      struct ncfsm__sreq *v = *head;
+      *head = v->next;
+      sreq_free(v);
+    }
+  }
+  c->sp_tail = c->sf_tail = NULL;
+}
+
+void ncfsm__strict_queued(ncfsm_comm *c, ncfsm_work *w) {
+  struct ncfsm__sreq *v = calloc(1, sizeof *v);
+  if (v) v->all = calloc((size_t)c->nranks, sizeof *v->all);
+  if (!v || !v->all) {
+    free(v);
+    c->snomem = true; /* the next poll fails the comm: the ranks' exchanges would no longer pair */
+    c->loop->kick = true;
+    return;
+  }
+  v->w = w;
+  w->sreq = v;
+  w->verified = false;
+  memset(&v->mine, 0, sizeof v->mine);
+  v->mine.count = w->fp.count;
+  v->mine.op = w->fp.op;
+  v->mine.dtype = w->fp.dtype;
+  v->mine.root = w->fp.root;
+  v->mine.redop = w->fp.redop;
+  if (c->sp_tail) c->sp_tail->next = v;
+  else c->sp_head = v;
+  c->sp_tail = v;
+}
+
+void ncfsm__strict_forget(ncfsm_work *w) {
+  if (w->sreq) w->sreq->w = NULL;
+  w->sreq = NULL;
+}
+
+static void sreq_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
+  (void)req;
+  (void)status;
+  ncfsm__loop_kick_async(arg);
+}
+
+/* The seq the collective would take: the comm's next, plus the verified
+ * collectives queued before it (they launch first). */
+static uint64_t strict_seq(const ncfsm_comm *c, const ncfsm_work *w) {
+  uint64_t seq = c->coll_seq;
+  for (const ncfsm__blink *l = c->bq_head; l; l = l->next)
+    for (const ncfsm_work *x = l->b->head; x; x = x->bnext) {
+      if (x == w) return seq;
+      if (x->comm == c && x->fp.peer < 0 && x->verified) seq++;
+    }
+  return seq;
+}
+
+static const char *field_value(char *buf, size_t n, int field, const ncfsm__smsg *m) {
+  switch (field) {
+    case 0: return ncfsm_opkind_name((ncfsm_opkind_t)m->op);
+    case 1: snprintf(buf, n, "%llu", (unsigned long long)m->count); return buf;
+    case 2: return ncfsm_dtype_name((ncfsm_dtype_t)m->dtype);
+    case 3: snprintf(buf, n, "%d", m->root); return buf;
+    case 4: return m->redop < 0 ? "-" : ncfsm_redop_name((ncfsm_redop_t)m->redop);
+    default: snprintf(buf, n, "%llu", (unsigned long long)m->round); return buf;
+  }
+}
+
+static bool field_differs(int field, const ncfsm__smsg *a, const ncfsm__smsg *b) {
+  switch (field) {
+    case 0: return a->op != b->op;
+    case 1: return a->count != b->count;
+    case 2: return a->dtype != b->dtype;
+    case 3: return a->root != b->root;
+    case 4: return a->redop != b->redop;
+    default: return a->round != b->round;
+  }
+}
+
+/* The report: the first field that differs (op, count, dtype, root, redop,
+ * then the channel's own round), and each rank's value of it. */
+static int strict_compare(ncfsm_comm *c, const struct ncfsm__sreq *v, char *what, size_t n) {
+  static const char *const fields[] = {"op", "count", "dtype", "root", "redop", "exchange round"};
+  static const int order[] = {5, 0, 1, 2, 3, 4};
+  for (int o = 0; o < 6; o++) {
+    int f = order[o];
+    bool differs = false;
+    for (int i = 0; i < c->nranks && !differs; i++) differs = field_differs(f, &v->all[i], &v->mine);
+    if (!differs) continue;
+    size_t k = 0;
+    int m = snprintf(what, n, "strict verification: collective seq %llu differs across ranks in %s (R11):",
+                     (unsigned long long)(v->w ? strict_seq(c, v->w) : c->coll_seq), fields[f]);
+    if (m < 0) return f;
+    k = (size_t)m;
+    for (int i = 0; i < c->nranks && k < n; i++) {
+      char buf[32];
+      m = snprintf(what + k, n - k, "%s rank %d %s", i ? "," : "", i, field_value(buf, sizeof buf, f, &v->all[i]));
+      if (m < 0) break;
+      k += (size_t)m;
+    }
+    if (k < n)
+      snprintf(what + k, n - k, "; no rank launched it: its works (its whole group) failed with "
+                                "NCFSM_ERR_MISMATCH and the communicator is still usable; fix the "
+                                "program so that every rank issues the same collectives in the same order");
+    return f;
+  }
+  return -1;
+}
+
+bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now) {
+  bool progress = false;
+  char what[600];
+  if (c->snomem) {
+    fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY,
+         "strict verification: out of memory for a fingerprint exchange");
+    return true;
+  }
+  if (!c->vboot || !c->bcomm || c->boot || !ncfsm__has(c, NCFSM_SF_WORKS)) return false;
+  /* post in queue order */
+  while (c->sp_head) {
+    struct ncfsm__sreq *v = c->sp_head;
+    v->mine.round = c->sround++;
+    v->t_post = now;
+    ncfsm_result_t r = ncfsm_boot_allgather_post(c->vboot, &v->mine, v->all, sizeof v->mine, &v->req);
+    if (r != NCFSM_OK) {
+      snprintf(what, sizeof what, "strict verification: the bootstrap refused the exchange of collective "
+                                  "%llu (%s): %s", (unsigned long long)v->mine.round, ncfsm_err_name(r),
+               ncfsm_boot_last_error(c->vboot));
+      fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, what);
+      return true;
+    }
+    ncfsm_boot_req_on_done(v->req, sreq_done, c->loop);
+    c->sp_head = v->next;
+    if (!c->sp_head) c->sp_tail = NULL;
+    v->next = NULL;
+    if (c->sf_tail) c->sf_tail->next = v;
+    else c->sf_head = v;
+    c->sf_tail = v;
+  }
+  while (c->sf_head) {
+    struct ncfsm__sreq *v = c->sf_head;
+    ncfsm_result_t r = ncfsm_boot_test(v->req);
+    if (r == NCFSM_ERR_AGAIN) {
+      if (c->opts.verify_stall_ms && now - v->t_post > c->opts.verify_stall_ms * 1000000ull) {
+        snprintf(what, sizeof what,
+                 "strict verification: not every rank submitted collective seq %llu (%s) within %llu ms "
+                 "of this rank (a rank stopped, skipped a collective or is far behind); nothing of it "
+                 "was launched",
+                 (unsigned long long)(v->w ? strict_seq(c, v->w) : c->coll_seq),
+                 ncfsm_opkind_name((ncfsm_opkind_t)v->mine.op), (unsigned long long)c->opts.verify_stall_ms);
+        fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+        return true;
+      }
+      return progress;
+    }
+    if (r != NCFSM_OK) {
+      snprintf(what, sizeof what, "strict verification: the exchange of collective %llu failed (%s)",
+               (unsigned long long)v->mine.round, ncfsm_err_name(r));
+      fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, what);
+      return true;
+    }
+    c->sf_head = v->next;
+    if (!c->sf_head) c->sf_tail = NULL;
+    progress = true;
+    int f = strict_compare(c, v, what, sizeof what);
+    ncfsm_work *w = v->w;
+    if (f == 5) { /* the channel itself is out of step: nothing after this can be trusted */
+      sreq_free(v);
+      fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
+      return true;
+    }
+    if (w) {
+      w->sreq = NULL;
+      v->w = NULL;
+      if (f < 0) {
+        w->verified = true;
+        c->loop->kick = true;
+      } else {
+        ncfsm__set_error(c, "%s", what);
+        NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "%s", c->last_error);
+        c->mismatched = w;
+        ncfsm__fire(c, NCFSM_EV_MISMATCH, NCFSM_ERR_MISMATCH);
+        c->mismatched = NULL;
+        ncfsm__comm_dump(c, NULL, "verify");
+      }
+    }
+    sreq_free(v);
+  }
+  return progress;
+}
+
+void ncfsm__strict_fail_batch(ncfsm_comm *c) {
+  ncfsm_work *w = c->mismatched;
+  ncfsm__batch *b = w ? w->batch : NULL;
+  if (!b) return;
+  ncfsm_loop *loop = c->loop;
+  for (int i = 0; i < b->nlinks; i++) {
+    ncfsm__blink *l = &b->links[i];
+    ncfsm_comm *d = l->c;
+    if (!d) continue;
+    ncfsm__blink **pp = &d->bq_head, *prev = NULL;
+    while (*pp && *pp != l) { prev = *pp; pp = &(*pp)->next; }
+    if (*pp) {
+      *pp = l->next;
+      if (d->bq_tail == l) d->bq_tail = prev;
+    }
+    l->next = NULL;
+    l->c = NULL;
+  }
+  loop->nqueued--;
+  for (ncfsm_work *x = b->head, *next; x; x = next) {
+    next = x->bnext;
+    x->batch = NULL;
+    x->bnext = NULL;
+    ncfsm__work_finish(x, NCFSM_WORK_FAILED, NCFSM_ERR_MISMATCH);
+  }
+  b->head = b->tail = NULL;
+  b->nworks = 0;
+  if (b->explicit_group) free(b);
 }

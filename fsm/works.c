@@ -146,6 +146,7 @@ static void stats_note(ncfsm__stats *s, const ncfsm_work *w, ncfsm_work_state_t 
 void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status) {
   if (w->notified) return;
   w->notified = true;
+  if (w->sreq) ncfsm__strict_forget(w);
   w->status = status;
   w->t_complete = ncfsm__now_ns();
   ncfsm__work_set_state(w, st);

@@ -240,7 +240,15 @@ typedef enum ncfsm_verify_mode {
                            verify_stall_ms, fails the comm (NCFSM_ERR_MISMATCH / _TIMEOUT) and
                            dumps its recorder. Needs ncfsm_comm_init_boot; the bootstrap then
                            belongs to the verification for the comm's life (open, and no
-                           allgathers of the program's own on it: docs/ordering.md) */
+                           allgathers of the program's own on it: docs/ordering.md) */,
+  NCFSM_VERIFY_STRICT   /* before a collective launches, every rank's fingerprint of it (op,
+                           count, dtype, root, redop) is exchanged through the comm's bootstrap;
+                           on a difference no rank hands it to NCCL: its works (its whole group)
+                           fail with NCFSM_ERR_MISMATCH on every rank, the comm's last error
+                           names the seq, the field and each rank's value, and the comm stays
+                           usable. An exchange not done within verify_stall_ms fails the comm
+                           (NCFSM_ERR_TIMEOUT). Send/Recv are not checked. Needs
+                           ncfsm_comm_init_boot, as async does */
 } ncfsm_verify_mode_t;
 
 typedef void (*ncfsm_state_cb)(ncfsm_comm *comm, ncfsm_state_t from, ncfsm_state_t to,
@@ -261,9 +269,9 @@ typedef struct ncfsm_comm_opts {
   const char *name;             /* shown in logs and last-error strings */
   unsigned trace_buffer;        /* flight recorder: records kept per comm (a ring; 0 = off; default 2048
                                    or NCFSM_TRACE_BUFFER); docs/ordering.md */
-  ncfsm_verify_mode_t verify;   /* NCFSM_VERIFY (off|async) */
+  ncfsm_verify_mode_t verify;   /* NCFSM_VERIFY (off|async|strict) */
   unsigned verify_window;       /* collectives per exchange (default 64; NCFSM_VERIFY_WINDOW) */
-  uint64_t verify_stall_ms;     /* an exchange not done by then fails the comm (default 5000;
+  uint64_t verify_stall_ms;     /* async/strict: an exchange not done by then fails the comm (default 5000;
                                    NCFSM_VERIFY_STALL_MS; 0 = never) */
   const char *dump_dir;         /* where the recorder is dumped on every error and watchdog expiry (and
                                    on SIGUSR1 with ncfsm_loop_opts.dump_on_signal); NULL or "" = no
