@@ -16,22 +16,56 @@ typedef struct ncfsm__store_opts {
   const char *token;         /* required, non-empty */
   uint32_t key_max;          /* default NCFSM__FRAME_KEY_MAX */
   uint32_t value_max;        /* default NCFSM__FRAME_VALUE_MAX */
-  uint64_t max_bytes;        /* all keys, values and gathers; default 1 GiB */
-  uint64_t auth_timeout_ms;  /* a connection must HELLO within this; default 10 s */
+  uint64_t max_bytes;        /* keys, values, gathers, parked requests, replies waiting to be
+                                sent that reference values; default 1 GiB */
+  uint64_t auth_timeout_ms;  /* a connection must HELLO within this of its accept; default 10 s */
   int allow_remote;          /* listen on a non-loopback address */
+  /* Limits on what one client can make the store hold (0 = the default). */
+  uint64_t frame_timeout_ms; /* once a frame's first byte arrived, all of it must within this; 10 s */
+  uint64_t max_inflight;     /* unfinished frames of all connections together; 64 MiB (the oldest
+                                unfinished frame's connection is closed past it) */
+  uint64_t out_high;         /* stop reading a connection's requests while more than this of its
+                                replies is queued; 4 MiB (resume below half) */
+  uint64_t out_max;          /* close a connection whose queued replies would exceed this (a reply
+                                into an empty queue is never refused for size); 256 MiB */
+  uint64_t out_stall_ms;     /* close a connection that has not read any of its replies for this
+                                long; 60 s */
+  int max_conns;             /* refuse ("store busy") past this many; default the open-file limit
+                                minus 64 */
+  uint32_t max_parked;       /* parked GET/WAIT/GATHER requests per connection; 4096 */
+  int rejoin;                /* a rank whose connection ended may HELLO again (default 0: no) */
+  uint32_t auth_fail_burst;  /* failed HELLOs per peer address before throttling; 10 */
+  uint32_t auth_fail_per_s;  /* then this many per second (refused: "throttled"); 2 */
 } ncfsm__store_opts;
 
 typedef struct ncfsm__store_stats {
   uint64_t accepted, authenticated, rejected_token, closed_bad_frame, closed_eof, frames;
   int open_conns;
+  uint64_t refused_busy;     /* connections refused at the limit or out of descriptors */
+  uint64_t throttled;        /* HELLOs refused unchecked: too many failures from that address */
+  uint64_t closed_slow;      /* a frame not complete within frame_timeout_ms */
+  uint64_t closed_unread;    /* replies not read (out_max or out_stall_ms) */
+  uint64_t closed_budget;    /* the oldest unfinished frame, past max_inflight */
+  uint64_t closed_parked;    /* more than max_parked parked requests */
+  uint64_t ranks_gone;       /* ranked connections that ended */
+  uint64_t rank_conflicts;   /* a rank claimed by a second live connection */
+  uint64_t rejoin_refused;   /* HELLO for a rank whose connection ended, rejoin off */
+  uint64_t gathers_failed;   /* GATHERs failed for every rank (a rank gone, a conflict) */
+  uint64_t bytes, peak_bytes;       /* held under max_bytes */
+  uint64_t inflight, peak_inflight; /* held under max_inflight */
 } ncfsm__store_stats;
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o);
+/* Override o's limits from NCFSM_STORE_* (value max, max bytes, timeouts, ...;
+ * docs/bootstrap.md lists them). Unset variables leave o as it is. */
+void ncfsm__store_opts_env(ncfsm__store_opts *o);
 /* 0 on success; else -1 with the reason in err. */
 int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm__store **out,
                       char *err, size_t errlen);
 int ncfsm__store_port(const ncfsm__store *s);
 void ncfsm__store_stats_get(const ncfsm__store *s, ncfsm__store_stats *st);
+/* The limits in force (defaults resolved). */
+void ncfsm__store_limits_get(const ncfsm__store *s, ncfsm__store_opts *o);
 void ncfsm__store_close(ncfsm__store *s);
 
 /* "host:port" -> sockaddr (numeric first, then getaddrinfo). 0 or -1. */

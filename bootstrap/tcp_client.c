@@ -40,8 +40,8 @@ typedef struct tcp_impl {
   int salen;
   char addr[160];
   struct bufferevent *bev;
-  struct evbuffer *queued; /* frames posted before the connection is up */
-  int connected, dead;
+  struct evbuffer *queued; /* frames posted before the store accepted the HELLO */
+  int connected, hello_ok, dead;
   char *token;
   uint64_t deadline_ns;
   struct event *retry_ev;
@@ -82,14 +82,52 @@ static tcp_op *find_op(tcp_impl *t, uint32_t id) {
   return NULL;
 }
 
+static int starts_with(const ncfsm__frame *f, const char *p) {
+  size_t n = strlen(p);
+  return f->vlen >= n && !memcmp(f->value, p, n);
+}
+
+/* The store refused the HELLO with "throttled": reconnect after a pause
+ * (the frames posted so far are still in t->queued), until the deadline. */
+static void retry_throttled(tcp_impl *t, const ncfsm__frame *f) {
+  snprintf(t->connect_err, sizeof t->connect_err, "%.*s", (int)f->vlen, (const char *)f->value);
+  bufferevent_free(t->bev);
+  t->bev = NULL;
+  t->connected = 0;
+  if (ncfsm__now_ns() >= t->deadline_ns)
+    return fail_all(t, "store %s refused rank %d: %s (tried %d times for %" PRIu64 " ms; check "
+                       "that NCFSM_STORE_TOKEN is the same for every rank and the store)",
+                    t->addr, t->b->rank, t->connect_err, t->attempts, t->b->timeout_ms);
+  const char *in = strstr(t->connect_err, "retry in ");
+  int ms = in ? atoi(in + 9) : 0;
+  if (ms < t->retry_ms) ms = t->retry_ms;
+  if (ms > 2000) ms = 2000;
+  struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+  evtimer_add(t->retry_ev, &tv);
+  if (t->retry_ms < 500) t->retry_ms *= 2;
+}
+
 static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
   ncfsm_boot *b = t->b;
-  if (f->id == 0) { /* the HELLO */
-    if (f->type == NCFSM__F_ERR)
-      fail_all(t, "store %s rejected rank %d: %.*s (check that NCFSM_STORE_TOKEN is the same for "
-                  "every rank and the store)",
-               t->addr, b->rank, (int)f->vlen, (const char *)f->value);
-    return;
+  if (f->id == 0) { /* the HELLO's answer, or the store closing this connection */
+    if (f->type != NCFSM__F_ERR) {
+      if (!t->hello_ok) {
+        t->hello_ok = 1;
+        t->retry_ms = 10;
+        evbuffer_add_buffer(bufferevent_get_output(t->bev), t->queued);
+      }
+      return;
+    }
+    if (t->hello_ok)
+      return fail_all(t, "store %s closed rank %d's connection: %.*s", t->addr, b->rank,
+                      (int)f->vlen, (const char *)f->value);
+    if (starts_with(f, "throttled")) return retry_throttled(t, f);
+    if (starts_with(f, "bad token"))
+      return fail_all(t, "store %s rejected rank %d: %.*s (check that NCFSM_STORE_TOKEN is the "
+                         "same for every rank and the store)",
+                      t->addr, b->rank, (int)f->vlen, (const char *)f->value);
+    return fail_all(t, "store %s rejected rank %d: %.*s", t->addr, b->rank, (int)f->vlen,
+                    (const char *)f->value);
   }
   tcp_op *op = find_op(t, f->id);
   if (!op) return; /* cancelled */
@@ -132,7 +170,7 @@ static void read_cb(struct bufferevent *bev, void *arg) {
       return fail_all(t, "store %s sent a bad frame: %s (is %s an ncfsm store?)", t->addr,
                       why ? why : "not a reply", t->addr);
     on_reply(t, &f);
-    if (t->dead) return; /* fail_all freed bev (and its input) */
+    if (t->dead || t->bev != bev) return; /* fail_all or a retry freed bev (and its input) */
     evbuffer_drain(in, used);
   }
 }
@@ -162,8 +200,7 @@ static void event_cb(struct bufferevent *bev, short what, void *arg) {
     setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     t->connected = 1;
     NCFSM_TRACE(SUB, "rank %d connected to store %s", t->b->rank, t->addr);
-    write_hello(t);
-    evbuffer_add_buffer(bufferevent_get_output(bev), t->queued);
+    write_hello(t); /* the queued frames follow once the store accepts it */
     return;
   }
   int err = EVUTIL_SOCKET_ERROR();
@@ -247,10 +284,10 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   if (o->host_store && o->rank == 0) {
     ncfsm__store_opts so;
     ncfsm__store_opts_init(&so);
+    ncfsm__store_opts_env(&so); /* the NCFSM_STORE_* limits */
     so.listen = t->addr;
     so.token = o->token;
     if (o->store_value_max) so.value_max = (uint32_t)o->store_value_max;
-    so.allow_remote = ncfsm__env_ll("NCFSM_STORE_ALLOW_REMOTE", 0) != 0;
     if (ncfsm__store_open(b->base, &so, &t->hosted, err, sizeof err) != 0) {
       ncfsm__boot_seterr(b, "rank 0 cannot host the store: %s", err);
       goto fail;
@@ -314,7 +351,7 @@ static ncfsm_result_t tcp_post(ncfsm_boot *b, ncfsm_boot_req *req) {
   ncfsm__frame_header(hdr, NCFSM__F_GATHER, op->id, (uint32_t)kl, (uint32_t)(8 + req->len));
   ncfsm__wr32(v, (uint32_t)b->rank);
   ncfsm__wr32(v + 4, (uint32_t)b->size);
-  struct evbuffer *out = t->connected ? bufferevent_get_output(t->bev) : t->queued;
+  struct evbuffer *out = t->hello_ok ? bufferevent_get_output(t->bev) : t->queued;
   if (evbuffer_add(out, hdr, sizeof hdr) || evbuffer_add(out, key, (size_t)kl) ||
       evbuffer_add(out, v, sizeof v) || (req->len && evbuffer_add(out, req->send, req->len))) {
     free(op);
@@ -339,6 +376,8 @@ static void tcp_describe(ncfsm_boot *b, char *buf, size_t n) {
   if (!t->connected)
     snprintf(buf, n, "store %s unreachable (%d connect attempts; last: %s)", t->addr, t->attempts,
              t->connect_err[0] ? t->connect_err : "pending");
+  else if (!t->hello_ok)
+    snprintf(buf, n, "store %s did not answer rank %d's HELLO", t->addr, t->b->rank);
   else
     snprintf(buf, n, "store %s never answered", t->addr);
 }

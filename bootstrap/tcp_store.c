@@ -6,20 +6,48 @@
  *
  * Each connection must HELLO with the job token before anything else. A
  * malformed, oversized, truncated or unknown frame closes that connection
- * only (after an ERR frame naming the reason), logged at WARN. Input per
- * connection is bounded by a read high-watermark of one largest frame.
+ * only (after an ERR frame naming the reason), logged at WARN.
+ *
+ * What one client can make the store hold is bounded (docs/bootstrap.md,
+ * "Limits"):
+ *  - input: a read high-watermark of one largest frame (one HELLO before
+ *    authentication); a frame must arrive whole within frame_timeout_ms of
+ *    its first byte (a HELLO within auth_timeout_ms of the accept); all
+ *    connections' unfinished frames together at most max_inflight (past it
+ *    the connection with the oldest unfinished frame is closed);
+ *  - output: values and gather results are refcounted blobs that replies
+ *    reference (a value sent to 600 unread GETs is held once, and counts in
+ *    max_bytes until the last reply referencing it is gone); a connection
+ *    whose queued replies pass out_high is not read until they drain below
+ *    half of it, one whose replies pass out_max or are not read for
+ *    out_stall_ms is closed; at most max_parked parked requests each;
+ *  - connections: past max_conns, or out of descriptors (EMFILE: a reserve
+ *    descriptor is given up to accept the connection), a new connection gets
+ *    an ERR "store busy" frame and is closed;
+ *  - failed HELLOs: a token bucket per peer address (auth_fail_burst, then
+ *    auth_fail_per_s); an empty bucket refuses HELLOs from that address
+ *    unchecked with "throttled".
+ *
+ * Ranks: a HELLO with size > 0 claims rank < size of a job of that size. A
+ * ranked connection that ends fails, for every other rank, each open GATHER
+ * it had not contributed to, and (unless rejoin) every later one, naming the
+ * rank; a second live claim of a rank fails every open and later GATHER.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/queue.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -35,6 +63,15 @@
 struct sconn;
 struct entry;
 
+/* A value or a gather result: referenced by the table and by queued replies. */
+struct blob {
+  LIST_ENTRY(blob) link;
+  ncfsm__store *s; /* NULL once the store closed (replies may outlive it) */
+  int refs;
+  size_t len;
+  uint8_t data[];
+};
+
 struct waiter {
   LIST_ENTRY(waiter) by_entry;
   LIST_ENTRY(waiter) by_conn;
@@ -44,54 +81,118 @@ struct waiter {
   uint8_t type;
 };
 
-/* Shared gather result, referenced by every reply's evbuffer chain. */
-struct gbuf {
-  int refs;
-  size_t len;
-  uint8_t data[];
-};
-
 struct entry {
   struct entry *hnext;
   uint64_t h;
   uint8_t *key;
   uint32_t klen;
-  int has_val;
-  uint8_t *val;
-  uint32_t vlen;
+  struct blob *val; /* SET/ADD value, NULL while only waited on */
   int gather;
   uint32_t g_size, g_len, g_count;
-  struct gbuf *g_buf;
+  struct blob *g_buf;
   uint8_t *g_have;
+  char *failed;     /* a failed GATHER: every later contribution gets this */
+  LIST_ENTRY(entry) g_link; /* in s->gathers while the gather is open */
   LIST_HEAD(, waiter) waiters;
 };
+
+enum { T_NONE, T_AUTH, T_FRAME };
 
 struct sconn {
   ncfsm__store *s;
   struct bufferevent *bev;
+  struct event *timer;      /* auth deadline, then each frame's deadline; deferred close */
+  int timer_kind;
+  const char *fail_later;   /* set: the timer closes the connection with this */
+  char fail_buf[400];
   char peer[80];
-  int authed, closing;
+  uint8_t akey[17];         /* peer address (family, bytes) for the throttle */
+  int authed, closing, paused, ranked, released, overflow;
   uint32_t rank;
+  uint32_t parked;
+  size_t in_acct;           /* input bytes counted in s->inflight */
+  int in_partial;           /* in s->partials */
+  uint64_t frame_start_ns;
+  TAILQ_ENTRY(sconn) partial;
   LIST_HEAD(, waiter) waiters;
   LIST_ENTRY(sconn) link;
 };
+
+enum { RS_NONE = 0, RS_LIVE, RS_GONE };
+
+struct rankslot {
+  struct sconn *c;
+  char *why;                /* RS_GONE: what happened, for later GATHERs */
+  uint8_t state;
+};
+
+#define THROTTLE_SLOTS 256
+
+struct throttle {
+  uint8_t akey[17];
+  int used;
+  double tokens;
+  uint64_t last_ns, fails;
+};
+
+enum { W_ACCEPT, W_BUSY, W_THROTTLE, W_CLOSE, W_KINDS };
 
 struct ncfsm__store {
   struct event_base *base;
   struct evconnlistener *lis;
   struct event *relisten;
+  int relisten_ms;
   int port;
+  int reserve_fd;
   uint8_t *token;
   size_t toklen;
-  ncfsm__frame_limits lim;
-  uint64_t max_bytes, bytes, auth_timeout_ms;
+  ncfsm__frame_limits lim, hello_lim;
+  ncfsm__store_opts o; /* the limits in force */
+  uint64_t bytes, inflight;
   struct entry **tab;
   size_t nb, count;
   LIST_HEAD(, sconn) conns;
+  TAILQ_HEAD(, sconn) partials; /* connections holding an unfinished frame, oldest first */
+  LIST_HEAD(, entry) gathers;   /* open gathers */
+  LIST_HEAD(, blob) blobs;
+  struct rankslot *ranks;
+  uint32_t job_size;
+  char job_from[80];
+  uint32_t n_gone, first_gone;
+  char *conflict;               /* sticky: a rank was claimed twice */
+  struct throttle thr[THROTTLE_SLOTS];
+  uint64_t warn_last_ns[W_KINDS], warn_dropped[W_KINDS];
   ncfsm__store_stats st;
 };
 
 #define SUB NCFSM__SUB_BOOT
+
+/* At most one WARN line per second per kind; the others are counted and
+ * reported with the next line. */
+static void warn_limited(ncfsm__store *s, int kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void warn_limited(ncfsm__store *s, int kind, const char *fmt, ...) {
+  uint64_t now = ncfsm__now_ns();
+  if (s->warn_last_ns[kind] && now - s->warn_last_ns[kind] < 1000000000ull) {
+    s->warn_dropped[kind]++;
+    return;
+  }
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (s->warn_dropped[kind])
+    NCFSM_WARN(SUB, "%s (and %" PRIu64 " more like it in the last second)", msg, s->warn_dropped[kind]);
+  else NCFSM_WARN(SUB, "%s", msg);
+  s->warn_last_ns[kind] = now;
+  s->warn_dropped[kind] = 0;
+}
+
+static struct timeval ms_tv(uint64_t ms) {
+  struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+  return tv;
+}
 
 /* ---- helpers shared with the client -------------------------------------- */
 
@@ -156,6 +257,45 @@ int ncfsm__addr_is_loopback(const struct sockaddr *sa) {
   return 0;
 }
 
+/* ---- accounting (max_bytes) ------------------------------------------------ */
+
+static int charge(ncfsm__store *s, uint64_t n) {
+  if (s->bytes + n > s->o.max_bytes) return -1;
+  s->bytes += n;
+  if (s->bytes > s->st.peak_bytes) s->st.peak_bytes = s->bytes;
+  return 0;
+}
+static void uncharge(ncfsm__store *s, uint64_t n) { s->bytes -= n; }
+
+static struct blob *blob_new(ncfsm__store *s, size_t len) {
+  if (charge(s, sizeof(struct blob) + len) != 0) return NULL;
+  struct blob *b = malloc(sizeof *b + (len ? len : 1));
+  if (!b) {
+    uncharge(s, sizeof(struct blob) + len);
+    return NULL;
+  }
+  b->s = s;
+  b->refs = 1;
+  b->len = len;
+  LIST_INSERT_HEAD(&s->blobs, b, link);
+  return b;
+}
+
+static void blob_unref(struct blob *b) {
+  if (--b->refs) return;
+  if (b->s) {
+    LIST_REMOVE(b, link);
+    uncharge(b->s, sizeof *b + b->len);
+  }
+  free(b);
+}
+
+static void blob_unref_cb(const void *data, size_t len, void *arg) {
+  (void)data;
+  (void)len;
+  blob_unref(arg);
+}
+
 /* ---- the table -------------------------------------------------------------- */
 
 static struct entry *table_find(ncfsm__store *s, const uint8_t *key, uint32_t klen, uint64_t h) {
@@ -183,10 +323,11 @@ static struct entry *table_get(ncfsm__store *s, const uint8_t *key, uint32_t kle
   uint64_t h = XXH64(key, klen, 0);
   struct entry *e = table_find(s, key, klen, h);
   if (e || !create) return e;
-  if (s->bytes + klen + sizeof *e > s->max_bytes) return NULL;
+  if (charge(s, klen + sizeof *e) != 0) return NULL;
   e = calloc(1, sizeof *e);
   if (!e || !(e->key = malloc(klen ? klen : 1))) {
     free(e);
+    uncharge(s, klen + sizeof *e);
     return NULL;
   }
   memcpy(e->key, key, klen);
@@ -195,16 +336,18 @@ static struct entry *table_get(ncfsm__store *s, const uint8_t *key, uint32_t kle
   LIST_INIT(&e->waiters);
   e->hnext = s->tab[h & (s->nb - 1)];
   s->tab[h & (s->nb - 1)] = e;
-  s->bytes += klen + sizeof *e;
   if (++s->count > 2 * s->nb) table_grow(s);
   return e;
 }
 
-static void gbuf_unref(const void *data, size_t len, void *arg) {
-  struct gbuf *g = arg;
-  (void)data;
-  (void)len;
-  if (--g->refs == 0) free(g);
+/* Free a gather's buffers (the result may live on in queued replies). */
+static void gather_release(ncfsm__store *s, struct entry *e) {
+  if (e->g_buf) blob_unref(e->g_buf);
+  e->g_buf = NULL;
+  if (e->g_have) uncharge(s, e->g_size);
+  free(e->g_have);
+  e->g_have = NULL;
+  if (e->gather && !e->failed) LIST_REMOVE(e, g_link);
 }
 
 static void entry_delete(ncfsm__store *s, struct entry *e) {
@@ -212,23 +355,55 @@ static void entry_delete(ncfsm__store *s, struct entry *e) {
   while (*pp != e) pp = &(*pp)->hnext;
   *pp = e->hnext;
   s->count--;
-  s->bytes -= e->klen + sizeof *e + e->vlen;
-  if (e->gather) s->bytes -= (uint64_t)e->g_size * e->g_len + e->g_size;
+  uncharge(s, e->klen + sizeof *e);
+  if (e->val) blob_unref(e->val);
+  if (e->gather) gather_release(s, e);
+  if (e->failed) uncharge(s, strlen(e->failed) + 1);
+  free(e->failed);
   free(e->key);
-  free(e->val);
-  if (e->g_buf) gbuf_unref(NULL, 0, e->g_buf);
-  free(e->g_have);
   free(e);
 }
 
 /* An entry made only to park GET/WAITs is dropped once nobody waits on it. */
 static void entry_maybe_drop(ncfsm__store *s, struct entry *e) {
-  if (!e->has_val && !e->gather && LIST_EMPTY(&e->waiters)) entry_delete(s, e);
+  if (!e->val && !e->gather && LIST_EMPTY(&e->waiters)) entry_delete(s, e);
+}
+
+/* "ag/3" for messages (keys are bytes). */
+static const char *key_str(const struct entry *e, char *buf, size_t n) {
+  size_t k = 0;
+  for (uint32_t i = 0; i < e->klen && k + 1 < n; i++)
+    buf[k++] = (e->key[i] >= 0x20 && e->key[i] < 0x7f) ? (char)e->key[i] : '?';
+  buf[k] = 0;
+  return buf;
 }
 
 /* ---- replies ------------------------------------------------------------------ */
 
+#define COPY_MAX 256 /* larger values are referenced, not copied, by replies */
+
+static void fail_later(struct sconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* May n more bytes be queued to c? Past out_max (a reply into an empty queue
+ * always may) the connection is closed from its timer, not here: replies are
+ * sent while the table is being walked. */
+static int out_room(struct sconn *c, size_t n) {
+  if (c->closing || c->overflow || c->fail_later) return 0;
+  size_t q = evbuffer_get_length(bufferevent_get_output(c->bev));
+  if (q > 0 && q + n > c->s->o.out_max) {
+    c->overflow = 1;
+    c->s->st.closed_unread++;
+    fail_later(c, "not reading its replies: %zu bytes queued and %zu more due, over the store's "
+                  "out_max of %" PRIu64 " (read replies as they come, or raise --out-max / "
+                  "NCFSM_STORE_OUT_MAX)",
+               q, n, c->s->o.out_max);
+    return 0;
+  }
+  return 1;
+}
+
 static void reply(struct sconn *c, uint8_t type, uint32_t id, const void *val, uint32_t vlen) {
+  if (!out_room(c, NCFSM__FRAME_HDR + (size_t)vlen)) return;
   uint8_t hdr[NCFSM__FRAME_HDR];
   ncfsm__frame_header(hdr, type, id, 0, vlen);
   struct evbuffer *out = bufferevent_get_output(c->bev);
@@ -240,44 +415,146 @@ static void reply_err(struct sconn *c, uint32_t id, const char *msg) {
   reply(c, NCFSM__F_ERR, id, msg, (uint32_t)strlen(msg));
 }
 
-static void waiter_free(struct waiter *w) {
+/* OK + the blob's bytes: copied when small, else a reference. */
+static void reply_blob(struct sconn *c, uint32_t id, struct blob *b) {
+  if (b->len <= COPY_MAX) return reply(c, NCFSM__F_OK, id, b->data, (uint32_t)b->len);
+  if (!out_room(c, NCFSM__FRAME_HDR + b->len)) return;
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  ncfsm__frame_header(hdr, NCFSM__F_OK, id, 0, (uint32_t)b->len);
+  struct evbuffer *out = bufferevent_get_output(c->bev);
+  evbuffer_add(out, hdr, sizeof hdr);
+  b->refs++;
+  if (evbuffer_add_reference(out, b->data, b->len, blob_unref_cb, b) != 0) {
+    b->refs--;
+    evbuffer_add(out, b->data, b->len);
+  }
+}
+
+static void waiter_free(ncfsm__store *s, struct waiter *w) {
   LIST_REMOVE(w, by_entry);
   LIST_REMOVE(w, by_conn);
+  w->c->parked--;
+  uncharge(s, sizeof *w);
   free(w);
 }
 
 /* Answer every GET/WAIT parked on e (which now has a value). */
-static void wake_waiters(struct entry *e) {
+static void wake_waiters(ncfsm__store *s, struct entry *e) {
   struct waiter *w;
   while ((w = LIST_FIRST(&e->waiters)) != NULL) {
-    if (w->type == NCFSM__F_GET) reply(w->c, NCFSM__F_OK, w->id, e->val, e->vlen);
+    if (w->type == NCFSM__F_GET) reply_blob(w->c, w->id, e->val);
     else reply(w->c, NCFSM__F_OK, w->id, NULL, 0);
-    waiter_free(w);
+    waiter_free(s, w);
   }
 }
 
-static int park(struct sconn *c, struct entry *e, uint8_t type, uint32_t id) {
+/* Park a request of c on e: NULL, or why not (the request is refused). */
+static const char *park(struct sconn *c, struct entry *e, uint8_t type, uint32_t id) {
+  ncfsm__store *s = c->s;
+  if (c->parked >= s->o.max_parked) return "parked";
+  if (charge(s, sizeof(struct waiter)) != 0) return "store full (NCFSM store max bytes)";
   struct waiter *w = calloc(1, sizeof *w);
-  if (!w) return -1;
+  if (!w) {
+    uncharge(s, sizeof *w);
+    return "store out of memory";
+  }
   w->c = c;
   w->e = e;
   w->id = id;
   w->type = type;
+  c->parked++;
   LIST_INSERT_HEAD(&e->waiters, w, by_entry);
   LIST_INSERT_HEAD(&c->waiters, w, by_conn);
-  return 0;
+  return NULL;
+}
+
+/* A gather that cannot complete: every parked rank gets msg, and so does
+ * every rank that contributes later (the entry stays as a tombstone). */
+static void gather_fail(ncfsm__store *s, struct entry *e, const char *msg) {
+  s->st.gathers_failed++;
+  struct waiter *w;
+  while ((w = LIST_FIRST(&e->waiters)) != NULL) {
+    reply_err(w->c, w->id, msg);
+    waiter_free(s, w);
+  }
+  gather_release(s, e);
+  e->failed = strdup(msg);
+  if (e->failed) s->bytes += strlen(msg) + 1; /* bounded: one per collective that failed */
+  else e->failed = (char *)"allgather failed (and the store is out of memory)";
+}
+
+/* A ranked connection ended (closed, died, or closed by the store): every
+ * open gather it had not contributed to fails for the others at once. */
+static void rank_release(struct sconn *c, const char *reason) {
+  ncfsm__store *s = c->s;
+  if (!c->ranked || c->released) return;
+  c->released = 1;
+  struct rankslot *slot = &s->ranks[c->rank];
+  if (slot->c != c) return;
+  char why[400];
+  snprintf(why, sizeof why, "rank %u (%s) disconnected: %s", c->rank, c->peer, reason);
+  slot->c = NULL;
+  slot->state = RS_GONE;
+  free(slot->why);
+  slot->why = strdup(why);
+  if (s->n_gone++ == 0) s->first_gone = c->rank;
+  s->st.ranks_gone++;
+  NCFSM_INFO(SUB, "store: %s", why);
+  for (struct entry *e = LIST_FIRST(&s->gathers), *next; e; e = next) {
+    next = LIST_NEXT(e, g_link);
+    if (e->g_have[c->rank]) continue;
+    char k[48], msg[600];
+    snprintf(msg, sizeof msg,
+             "allgather %s failed: rank %u (%s) disconnected before contributing (%s); see rank "
+             "%u's log",
+             key_str(e, k, sizeof k), c->rank, c->peer, reason, c->rank);
+    gather_fail(s, e, msg);
+  }
 }
 
 /* ---- connections ------------------------------------------------------------------ */
 
+/* Count c's input in s->inflight; keep s->partials (connections with an
+ * unfinished frame, oldest first) and the frame deadline up to date. */
+static void input_account(struct sconn *c, int frame_done) {
+  ncfsm__store *s = c->s;
+  size_t n = evbuffer_get_length(bufferevent_get_input(c->bev));
+  s->inflight = s->inflight - c->in_acct + n;
+  c->in_acct = n;
+  if (s->inflight > s->st.peak_inflight) s->st.peak_inflight = s->inflight;
+  int partial = n > 0 && !c->paused && !c->closing;
+  if (c->in_partial && (!partial || frame_done)) {
+    TAILQ_REMOVE(&s->partials, c, partial);
+    c->in_partial = 0;
+    if (c->timer_kind == T_FRAME) {
+      event_del(c->timer);
+      c->timer_kind = T_NONE;
+    }
+  }
+  if (partial && !c->in_partial) {
+    TAILQ_INSERT_TAIL(&s->partials, c, partial);
+    c->in_partial = 1;
+    c->frame_start_ns = ncfsm__now_ns();
+    if (c->authed && !c->fail_later) {
+      struct timeval tv = ms_tv(s->o.frame_timeout_ms);
+      c->timer_kind = T_FRAME;
+      evtimer_add(c->timer, &tv);
+    }
+  }
+}
+
 static void conn_free(struct sconn *c) {
   ncfsm__store *s = c->s;
+  rank_release(c, "connection closed");
   struct waiter *w;
   while ((w = LIST_FIRST(&c->waiters)) != NULL) {
     struct entry *e = w->e;
-    waiter_free(w);
+    waiter_free(s, w);
     entry_maybe_drop(s, e);
   }
+  if (c->in_partial) TAILQ_REMOVE(&s->partials, c, partial);
+  s->inflight -= c->in_acct;
+  event_free(c->timer);
   LIST_REMOVE(c, link);
   s->st.open_conns--;
   bufferevent_free(c->bev);
@@ -295,34 +572,173 @@ static void conn_closing_event_cb(struct bufferevent *bev, short what, void *arg
   conn_free(arg);
 }
 
-/* Close c after its ERR frame (and anything queued before it) is flushed,
- * or after one second if the peer does not read. */
-static void conn_fail(struct sconn *c, uint32_t id, const char *why) {
-  NCFSM_WARN(SUB, "store: closing connection from %s (rank %d): %s", c->peer,
-             c->authed ? (int)c->rank : -1, why);
+/* Close c after its ERR frame (and, unless drop, anything queued before it)
+ * is flushed, or after one second if the peer does not read. Its input is
+ * dropped at once; a ranked connection's rank is released now. */
+static void conn_fail(struct sconn *c, uint32_t id, const char *why, int drop) {
+  ncfsm__store *s = c->s;
+  if (c->closing) return;
+  warn_limited(s, W_CLOSE, "store: closing connection from %s (rank %d): %s", c->peer,
+               c->ranked ? (int)c->rank : -1, why);
   c->closing = 1;
-  reply_err(c, id, why);
+  char reason[300];
+  snprintf(reason, sizeof reason, "closed by the store: %s", why);
+  rank_release(c, reason);
+  event_del(c->timer);
+  c->timer_kind = T_NONE;
+  struct evbuffer *in = bufferevent_get_input(c->bev), *out = bufferevent_get_output(c->bev);
+  evbuffer_drain(in, evbuffer_get_length(in));
+  input_account(c, 0);
+  if (drop) evbuffer_drain(out, evbuffer_get_length(out));
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  uint32_t n = (uint32_t)strlen(why);
+  ncfsm__frame_header(hdr, NCFSM__F_ERR, id, 0, n);
+  evbuffer_add(out, hdr, sizeof hdr);
+  evbuffer_add(out, why, n);
   bufferevent_disable(c->bev, EV_READ);
   bufferevent_setcb(c->bev, NULL, conn_closing_write_cb, conn_closing_event_cb, c);
+  bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
   struct timeval one = {1, 0};
   bufferevent_set_timeouts(c->bev, NULL, &one);
   bufferevent_enable(c->bev, EV_WRITE);
 }
 
-static const char *handle_hello(struct sconn *c, const ncfsm__frame *f) {
+static void fail_later(struct sconn *c, const char *fmt, ...) {
+  if (c->closing || c->fail_later) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->fail_buf, sizeof c->fail_buf, fmt, ap);
+  va_end(ap);
+  c->fail_later = c->fail_buf;
+  event_del(c->timer);
+  event_active(c->timer, EV_TIMEOUT, 1);
+}
+
+/* ---- authentication and ranks ---------------------------------------------- */
+
+static struct throttle *throttle_get(ncfsm__store *s, const uint8_t akey[17], uint64_t now) {
+  struct throttle *oldest = &s->thr[0];
+  for (int i = 0; i < THROTTLE_SLOTS; i++) {
+    struct throttle *t = &s->thr[i];
+    if (t->used && !memcmp(t->akey, akey, sizeof t->akey)) return t;
+    if (!t->used || (oldest->used && t->last_ns < oldest->last_ns)) oldest = t;
+  }
+  memset(oldest, 0, sizeof *oldest);
+  memcpy(oldest->akey, akey, sizeof oldest->akey);
+  oldest->used = 1;
+  oldest->tokens = s->o.auth_fail_burst;
+  oldest->last_ns = now;
+  return oldest;
+}
+
+static const char *handle_hello(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
   ncfsm__store *s = c->s;
   if (c->authed) return "second HELLO on one connection";
+  uint64_t now = ncfsm__now_ns();
+  struct throttle *t = throttle_get(s, c->akey, now);
+  t->tokens += (double)(now - t->last_ns) * 1e-9 * s->o.auth_fail_per_s;
+  if (t->tokens > s->o.auth_fail_burst) t->tokens = s->o.auth_fail_burst;
+  t->last_ns = now;
+  if (t->tokens < 1.0) {
+    s->st.throttled++;
+    unsigned wait_ms = (unsigned)((1.0 - t->tokens) * 1000.0 / s->o.auth_fail_per_s) + 1;
+    warn_limited(s, W_THROTTLE, "store: throttling HELLOs from %s: %" PRIu64 " failed HELLOs",
+                 c->peer, t->fails);
+    snprintf(buf, n, "throttled: %" PRIu64 " failed HELLOs from this address; retry in %u ms "
+                     "(a wrong NCFSM_STORE_TOKEN on this host?)",
+             t->fails, wait_ms);
+    return buf;
+  }
   if (!ncfsm__ct_equal(f->key, f->klen, s->token, s->toklen)) {
     s->st.rejected_token++;
+    t->tokens -= 1.0;
+    t->fails++;
     return "bad token: HELLO did not carry this job's NCFSM_STORE_TOKEN";
   }
+  uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
+  if (size > 0) {
+    if (rank >= size) {
+      snprintf(buf, n, "HELLO rank %u is not below its size %u", rank, size);
+      return buf;
+    }
+    if (size > (1u << 22)) {
+      snprintf(buf, n, "HELLO size %u: the store serves jobs of at most %u ranks", size, 1u << 22);
+      return buf;
+    }
+    if (!s->job_size) {
+      if (charge(s, (uint64_t)size * sizeof *s->ranks) != 0 ||
+          !(s->ranks = calloc(size, sizeof *s->ranks))) {
+        snprintf(buf, n, "store full: no room for a job of %u ranks", size);
+        return buf;
+      }
+      s->job_size = size;
+      snprintf(s->job_from, sizeof s->job_from, "%s", c->peer);
+    } else if (size != s->job_size) {
+      snprintf(buf, n, "HELLO of rank %u says the job has %u ranks, the store's job has %u (first "
+                       "HELLO from %s): check NCFSM_WORLD_SIZE; one store (one token) per job",
+               rank, size, s->job_size, s->job_from);
+      return buf;
+    }
+    struct rankslot *slot = &s->ranks[rank];
+    if (slot->state == RS_LIVE) {
+      s->st.rank_conflicts++;
+      char msg[400];
+      snprintf(msg, sizeof msg, "rank %u claimed by two connections, %s (first) and %s: an "
+                                "impostor or two processes with the same NCFSM_RANK; every "
+                                "allgather of this job fails from now on",
+               rank, slot->c->peer, c->peer);
+      if (!s->conflict) s->conflict = strdup(msg);
+      for (struct entry *e = LIST_FIRST(&s->gathers), *next; e; e = next) {
+        next = LIST_NEXT(e, g_link);
+        gather_fail(s, e, msg);
+      }
+      snprintf(buf, n, "%s", msg);
+      return buf;
+    }
+    if (slot->state == RS_GONE) {
+      if (!s->o.rejoin) {
+        s->st.rejoin_refused++;
+        snprintf(buf, n, "rank %u cannot rejoin (%s); rejoining is off: restart the job, or run "
+                         "the store with --rejoin (NCFSM_STORE_REJOIN=1)",
+                 rank, slot->why ? slot->why : "it disconnected");
+        return buf;
+      }
+      free(slot->why);
+      slot->why = NULL;
+      if (--s->n_gone && s->first_gone == rank)
+        for (uint32_t r = 0; r < s->job_size; r++)
+          if (s->ranks[r].state == RS_GONE) {
+            s->first_gone = r;
+            break;
+          }
+      NCFSM_INFO(SUB, "store: rank %u rejoined from %s", rank, c->peer);
+    }
+    slot->state = RS_LIVE;
+    slot->c = c;
+    c->ranked = 1;
+    c->rank = rank;
+  }
   c->authed = 1;
-  c->rank = ncfsm__rd32(f->value);
   s->st.authenticated++;
-  bufferevent_set_timeouts(c->bev, NULL, NULL);
-  NCFSM_TRACE(SUB, "store: %s authenticated as rank %u", c->peer, c->rank);
+  if (c->timer_kind == T_AUTH) {
+    event_del(c->timer);
+    c->timer_kind = T_NONE;
+  }
+  bufferevent_setwatermark(c->bev, EV_READ, 0,
+                           (size_t)NCFSM__FRAME_HDR + s->lim.key_max + s->lim.value_max);
+  NCFSM_TRACE(SUB, "store: %s authenticated as rank %u of %u", c->peer, rank, size);
   reply(c, NCFSM__F_OK, f->id, NULL, 0);
   return NULL;
+}
+
+/* ---- requests ---------------------------------------------------------------- */
+
+static const char *parked_why(struct sconn *c, char *buf, size_t n) {
+  c->s->st.closed_parked++;
+  snprintf(buf, n, "more than %u parked requests on one connection (raise --max-parked / "
+                   "NCFSM_STORE_MAX_PARKED)",
+           c->s->o.max_parked);
+  return buf;
 }
 
 static void handle_set(struct sconn *c, const ncfsm__frame *f) {
@@ -330,38 +746,33 @@ static void handle_set(struct sconn *c, const ncfsm__frame *f) {
   struct entry *e = table_get(s, f->key, f->klen, 1);
   if (!e) return reply_err(c, f->id, "store full (NCFSM store max bytes)");
   if (e->gather) return reply_err(c, f->id, "key is in use by a GATHER");
-  if (s->bytes - e->vlen + f->vlen > s->max_bytes) {
+  struct blob *v = blob_new(s, f->vlen);
+  if (!v) {
     reply_err(c, f->id, "store full (NCFSM store max bytes)");
     return entry_maybe_drop(s, e);
   }
-  uint8_t *v = malloc(f->vlen ? f->vlen : 1);
-  if (!v) {
-    reply_err(c, f->id, "store out of memory");
-    return entry_maybe_drop(s, e);
-  }
-  memcpy(v, f->value, f->vlen);
-  s->bytes = s->bytes - e->vlen + f->vlen;
-  free(e->val);
+  memcpy(v->data, f->value, f->vlen);
+  if (e->val) blob_unref(e->val);
   e->val = v;
-  e->vlen = f->vlen;
-  e->has_val = 1;
   reply(c, NCFSM__F_OK, f->id, NULL, 0);
-  wake_waiters(e);
+  wake_waiters(s, e);
 }
 
-static void handle_get(struct sconn *c, const ncfsm__frame *f) {
+static const char *handle_get(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
   struct entry *e = table_get(c->s, f->key, f->klen, 1);
-  if (!e) return reply_err(c, f->id, "store full (NCFSM store max bytes)");
-  if (e->gather) return reply_err(c, f->id, "key is in use by a GATHER");
-  if (e->has_val) {
-    if (f->type == NCFSM__F_GET) reply(c, NCFSM__F_OK, f->id, e->val, e->vlen);
+  if (!e) return reply_err(c, f->id, "store full (NCFSM store max bytes)"), NULL;
+  if (e->gather) return reply_err(c, f->id, "key is in use by a GATHER"), NULL;
+  if (e->val) {
+    if (f->type == NCFSM__F_GET) reply_blob(c, f->id, e->val);
     else reply(c, NCFSM__F_OK, f->id, NULL, 0);
-    return;
+    return NULL;
   }
-  if (park(c, e, f->type, f->id) != 0) {
-    reply_err(c, f->id, "store out of memory");
-    entry_maybe_drop(c->s, e);
-  }
+  const char *why = park(c, e, f->type, f->id);
+  if (!why) return NULL;
+  entry_maybe_drop(c->s, e);
+  if (!strcmp(why, "parked")) return parked_why(c, buf, n);
+  reply_err(c, f->id, why);
+  return NULL;
 }
 
 static void handle_add(struct sconn *c, const ncfsm__frame *f) {
@@ -369,93 +780,138 @@ static void handle_add(struct sconn *c, const ncfsm__frame *f) {
   struct entry *e = table_get(s, f->key, f->klen, 1);
   if (!e) return reply_err(c, f->id, "store full (NCFSM store max bytes)");
   if (e->gather) return reply_err(c, f->id, "key is in use by a GATHER");
-  if (e->has_val && e->vlen != 8) return reply_err(c, f->id, "ADD on a key that is not a counter");
-  if (!e->has_val) {
-    if (!(e->val = calloc(1, 8))) {
-      reply_err(c, f->id, "store out of memory");
+  if (e->val && e->val->len != 8) return reply_err(c, f->id, "ADD on a key that is not a counter");
+  if (!e->val || e->val->refs > 1) { /* new, or copy on write: queued replies keep the old value */
+    struct blob *v = blob_new(s, 8);
+    if (!v) {
+      reply_err(c, f->id, "store full (NCFSM store max bytes)");
       return entry_maybe_drop(s, e);
     }
-    e->vlen = 8;
-    e->has_val = 1;
-    s->bytes += 8;
+    if (e->val) {
+      memcpy(v->data, e->val->data, 8);
+      blob_unref(e->val);
+    } else memset(v->data, 0, 8);
+    e->val = v;
   }
-  uint64_t v = ncfsm__rd64(e->val) + ncfsm__rd64(f->value); /* wraps like int64 two's complement */
-  ncfsm__wr64(e->val, v);
-  reply(c, NCFSM__F_OK, f->id, e->val, 8);
-  wake_waiters(e);
+  uint64_t v = ncfsm__rd64(e->val->data) + ncfsm__rd64(f->value); /* wraps like int64 */
+  ncfsm__wr64(e->val->data, v);
+  reply(c, NCFSM__F_OK, f->id, e->val->data, 8);
+  wake_waiters(s, e);
 }
 
-static void handle_gather(struct sconn *c, const ncfsm__frame *f) {
+static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
   ncfsm__store *s = c->s;
   uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4), len = f->vlen - 8;
-  struct entry *e = table_get(s, f->key, f->klen, 1);
-  if (!e) return reply_err(c, f->id, "store full (NCFSM store max bytes)");
-  if (!e->gather) {
-    if (e->has_val || !LIST_EMPTY(&e->waiters))
-      return reply_err(c, f->id, "key is in use by SET/GET");
-    uint64_t need = (uint64_t)size * len + size;
-    if (s->bytes + need > s->max_bytes || (uint64_t)size * len > SIZE_MAX / 2) {
-      reply_err(c, f->id, "GATHER larger than the store's max bytes");
-      return entry_maybe_drop(s, e);
+  if (!c->ranked)
+    return reply_err(c, f->id, "GATHER needs a ranked connection: HELLO with this rank and the "
+                               "job size (size > 0)"),
+           NULL;
+  if (rank != c->rank) {
+    snprintf(buf, n, "GATHER as rank %u on the connection of rank %u", rank, c->rank);
+    return buf;
+  }
+  char k[48];
+  struct entry *e = table_get(s, f->key, f->klen, 0);
+  if (e && e->failed) return reply_err(c, f->id, e->failed), NULL;
+  if (!e || !e->gather) {
+    if (s->conflict) return reply_err(c, f->id, s->conflict), NULL;
+    if (s->n_gone && !s->o.rejoin) {
+      char msg[600];
+      const struct rankslot *g = &s->ranks[s->first_gone];
+      snprintf(msg, sizeof msg, "allgather %.*s cannot complete: %s; see rank %u's log",
+               (int)(f->klen < 40 ? f->klen : 40), (const char *)f->key,
+               g->why ? g->why : "a rank disconnected", s->first_gone);
+      return reply_err(c, f->id, msg), NULL;
     }
-    e->g_buf = malloc(sizeof *e->g_buf + (size_t)size * len);
+    if (size != s->job_size) {
+      snprintf(buf, n, "GATHER of size %u in a job of %u ranks", size, s->job_size);
+      return reply_err(c, f->id, buf), NULL;
+    }
+  }
+  if (!e) e = table_get(s, f->key, f->klen, 1);
+  if (!e) return reply_err(c, f->id, "store full (NCFSM store max bytes)"), NULL;
+  if (!e->gather) {
+    if (e->val || !LIST_EMPTY(&e->waiters))
+      return reply_err(c, f->id, "key is in use by SET/GET"), NULL;
+    uint64_t total = (uint64_t)size * len;
+    if (total > SIZE_MAX / 2 || charge(s, size) != 0) {
+      reply_err(c, f->id, "GATHER larger than the store's max bytes");
+      entry_maybe_drop(s, e);
+      return NULL;
+    }
+    e->g_buf = blob_new(s, (size_t)total);
     e->g_have = calloc(size, 1);
     if (!e->g_buf || !e->g_have) {
-      free(e->g_buf);
+      if (e->g_buf) blob_unref(e->g_buf);
       free(e->g_have);
       e->g_buf = NULL;
       e->g_have = NULL;
-      reply_err(c, f->id, "store out of memory");
-      return entry_maybe_drop(s, e);
+      uncharge(s, size);
+      reply_err(c, f->id, "GATHER larger than the store's max bytes");
+      entry_maybe_drop(s, e);
+      return NULL;
     }
-    e->g_buf->refs = 1;
-    e->g_buf->len = (size_t)size * len;
     e->gather = 1;
     e->g_size = size;
     e->g_len = len;
-    s->bytes += need;
+    LIST_INSERT_HEAD(&s->gathers, e, g_link);
   }
   if (e->g_size != size || e->g_len != len) {
     char msg[160];
     snprintf(msg, sizeof msg, "GATHER mismatch: rank %u posted size %u len %u, others size %u len %u",
              rank, size, len, e->g_size, e->g_len);
-    return reply_err(c, f->id, msg);
+    return reply_err(c, f->id, msg), NULL;
   }
-  if (e->g_have[rank]) return reply_err(c, f->id, "GATHER: this rank already contributed");
-  if (park(c, e, NCFSM__F_GATHER, f->id) != 0) return reply_err(c, f->id, "store out of memory");
+  if (e->g_have[rank]) return reply_err(c, f->id, "GATHER: this rank already contributed"), NULL;
+  const char *why = park(c, e, NCFSM__F_GATHER, f->id);
+  if (why) {
+    if (!strcmp(why, "parked")) return parked_why(c, buf, n);
+    return reply_err(c, f->id, why), NULL;
+  }
   e->g_have[rank] = 1;
   memcpy(e->g_buf->data + (size_t)rank * len, f->value + 8, len);
-  if (++e->g_count < e->g_size) return;
-  struct gbuf *g = e->g_buf;
+  if (++e->g_count < e->g_size) return NULL;
+  NCFSM_TRACE(SUB, "store: allgather %s complete (%u ranks x %u bytes)", key_str(e, k, sizeof k),
+              size, len);
   struct waiter *w;
   while ((w = LIST_FIRST(&e->waiters)) != NULL) {
-    uint8_t hdr[NCFSM__FRAME_HDR];
-    ncfsm__frame_header(hdr, NCFSM__F_OK, w->id, 0, (uint32_t)g->len);
-    struct evbuffer *out = bufferevent_get_output(w->c->bev);
-    evbuffer_add(out, hdr, sizeof hdr);
-    if (g->len) {
-      g->refs++;
-      if (evbuffer_add_reference(out, g->data, g->len, gbuf_unref, g) != 0) {
-        g->refs--;
-        evbuffer_add(out, g->data, g->len);
-      }
-    }
-    waiter_free(w);
+    reply_blob(w->c, w->id, e->g_buf);
+    waiter_free(s, w);
   }
   entry_delete(s, e);
+  return NULL;
 }
 
-static const char *handle(struct sconn *c, const ncfsm__frame *f) {
+static const char *handle(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
   c->s->st.frames++;
-  if (f->type == NCFSM__F_HELLO) return handle_hello(c, f);
+  if (f->type == NCFSM__F_HELLO) return handle_hello(c, f, buf, n);
   if (!c->authed) return "first frame is not HELLO";
   switch (f->type) {
   case NCFSM__F_SET: handle_set(c, f); return NULL;
   case NCFSM__F_GET:
-  case NCFSM__F_WAIT: handle_get(c, f); return NULL;
+  case NCFSM__F_WAIT: return handle_get(c, f, buf, n);
   case NCFSM__F_ADD: handle_add(c, f); return NULL;
-  case NCFSM__F_GATHER: handle_gather(c, f); return NULL;
+  case NCFSM__F_GATHER: return handle_gather(c, f, buf, n);
   default: return "reply frame (OK/ERR) sent to the server";
+  }
+}
+
+/* ---- the connection's callbacks ------------------------------------------------ */
+
+/* Past max_inflight, close the connections with the oldest unfinished frames. */
+static void enforce_inflight(ncfsm__store *s) {
+  while (s->inflight > s->o.max_inflight) {
+    struct sconn *v = TAILQ_FIRST(&s->partials);
+    if (!v) return;
+    s->st.closed_budget++;
+    char msg[400];
+    snprintf(msg, sizeof msg, "store input budget full: unfinished frames hold %" PRIu64
+                              " bytes (max_inflight %" PRIu64 "); closing the oldest, this "
+                              "connection's (%zu bytes, started %" PRIu64 " ms ago): send frames "
+                              "whole, or raise --max-inflight / NCFSM_STORE_MAX_INFLIGHT",
+             s->inflight, s->o.max_inflight, v->in_acct,
+             (ncfsm__now_ns() - v->frame_start_ns) / 1000000);
+    conn_fail(v, 0, msg, 1);
   }
 }
 
@@ -463,51 +919,162 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
   struct sconn *c = arg;
   ncfsm__store *s = c->s;
   struct evbuffer *in = bufferevent_get_input(bev);
-  while (!c->closing) {
+  int done = 0;
+  while (!c->closing && !c->paused && !c->fail_later) {
     size_t n = evbuffer_get_length(in);
-    if (n == 0) return;
+    if (n == 0) break;
     size_t want = n < NCFSM__FRAME_HDR ? n : NCFSM__FRAME_HDR, used = 0;
     const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)want);
+    if (!c->authed && want > 5 && p[5] != NCFSM__F_HELLO && p[0] == 'N' && p[1] == 'C') {
+      s->st.closed_bad_frame++;
+      return conn_fail(c, 0, "first frame is not HELLO", 0);
+    }
+    const ncfsm__frame_limits *lim = c->authed ? &s->lim : &s->hello_lim;
     ncfsm__frame f;
     const char *why;
-    ncfsm__parse_t r = ncfsm__frame_parse(p, want, &s->lim, &f, &used, &why);
+    ncfsm__parse_t r = ncfsm__frame_parse(p, want, lim, &f, &used, &why);
     if (r == NCFSM__PARSE_MORE) {
-      if (used > n) return; /* the rest has not arrived */
+      if (used > n) break; /* the rest has not arrived */
       p = evbuffer_pullup(in, (ev_ssize_t)used);
-      r = ncfsm__frame_parse(p, used, &s->lim, &f, &used, &why);
+      r = ncfsm__frame_parse(p, used, lim, &f, &used, &why);
     }
     if (r != NCFSM__PARSE_OK) {
       s->st.closed_bad_frame++;
-      return conn_fail(c, 0, why ? why : "unparsable frame");
+      return conn_fail(c, 0, why ? why : "unparsable frame", 0);
     }
     int was_authed = c->authed;
-    why = handle(c, &f);
-    evbuffer_drain(in, used);
+    char buf[512];
+    why = handle(c, &f, buf, sizeof buf);
     if (why) {
-      if (was_authed || f.type != NCFSM__F_HELLO) s->st.closed_bad_frame++; /* else: bad token */
-      return conn_fail(c, f.id, why);
+      if (was_authed || f.type != NCFSM__F_HELLO) s->st.closed_bad_frame++;
+      return conn_fail(c, f.id, why, 0);
+    }
+    evbuffer_drain(in, used);
+    done = 1;
+    if (evbuffer_get_length(bufferevent_get_output(bev)) > s->o.out_high) {
+      c->paused = 1; /* resumed by conn_write_cb */
+      bufferevent_disable(bev, EV_READ);
     }
   }
+  if (c->closing) return;
+  input_account(c, done);
+  enforce_inflight(s);
+}
+
+/* The output drained below out_high / 2 (the write low-watermark). */
+static void conn_write_cb(struct bufferevent *bev, void *arg) {
+  struct sconn *c = arg;
+  if (!c->paused || c->closing) return;
+  c->paused = 0;
+  bufferevent_enable(bev, EV_READ);
+  conn_read_cb(bev, c);
 }
 
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
   struct sconn *c = arg;
+  ncfsm__store *s = c->s;
+  if (what & BEV_EVENT_TIMEOUT) { /* writing: no reply read for out_stall_ms */
+    s->st.closed_unread++;
+    char msg[300];
+    snprintf(msg, sizeof msg, "not reading its replies: %zu bytes queued, none read for %" PRIu64
+                              " ms (raise --out-stall-ms / NCFSM_STORE_OUT_STALL_MS)",
+             evbuffer_get_length(bufferevent_get_output(bev)), s->o.out_stall_ms);
+    return conn_fail(c, 0, msg, 1);
+  }
   size_t left = evbuffer_get_length(bufferevent_get_input(bev));
-  if (what & BEV_EVENT_TIMEOUT) {
-    NCFSM_WARN(SUB, "store: closing connection from %s: no HELLO within %" PRIu64 " ms", c->peer,
-               c->s->auth_timeout_ms);
-    c->s->st.closed_bad_frame++;
-  } else if (left) {
+  char reason[200];
+  if (left) {
+    snprintf(reason, sizeof reason, "connection closed in the middle of a frame (%zu bytes left)",
+             left);
     NCFSM_WARN(SUB, "store: connection from %s (rank %d) closed in the middle of a frame (%zu "
                     "bytes left)",
-               c->peer, c->authed ? (int)c->rank : -1, left);
-    c->s->st.closed_bad_frame++;
+               c->peer, c->ranked ? (int)c->rank : -1, left);
+    s->st.closed_bad_frame++;
+  } else if (what & BEV_EVENT_EOF) {
+    snprintf(reason, sizeof reason, "connection closed by the peer (process exited or was killed?)");
+    NCFSM_TRACE(SUB, "store: connection from %s closed (eof)", c->peer);
+    s->st.closed_eof++;
   } else {
-    NCFSM_TRACE(SUB, "store: connection from %s closed (%s)", c->peer,
-                (what & BEV_EVENT_EOF) ? "eof" : evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-    c->s->st.closed_eof++;
+    snprintf(reason, sizeof reason, "connection error: %s",
+             evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    NCFSM_TRACE(SUB, "store: connection from %s: %s", c->peer, reason);
+    s->st.closed_eof++;
   }
+  rank_release(c, reason);
   conn_free(c);
+}
+
+/* The auth or frame deadline passed, or a deferred close (fail_later). */
+static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
+  struct sconn *c = arg;
+  ncfsm__store *s = c->s;
+  (void)fd;
+  (void)what;
+  if (c->closing) return;
+  if (c->fail_later) return conn_fail(c, 0, c->fail_later, 1);
+  char msg[300];
+  size_t have = evbuffer_get_length(bufferevent_get_input(c->bev));
+  if (c->timer_kind == T_AUTH) {
+    s->st.closed_bad_frame++;
+    snprintf(msg, sizeof msg, "no HELLO within %" PRIu64 " ms (%zu bytes received)",
+             s->o.auth_timeout_ms, have);
+  } else if (c->timer_kind == T_FRAME) {
+    s->st.closed_slow++;
+    size_t total = 0;
+    if (have >= NCFSM__FRAME_HDR) {
+      const uint8_t *p = evbuffer_pullup(bufferevent_get_input(c->bev), NCFSM__FRAME_HDR);
+      total = (size_t)NCFSM__FRAME_HDR + ncfsm__rd32(p + 12) + ncfsm__rd32(p + 16);
+    }
+    snprintf(msg, sizeof msg, "frame not complete within %" PRIu64 " ms: %zu of %zu bytes arrived "
+                              "(raise --frame-timeout-ms / NCFSM_STORE_FRAME_TIMEOUT_MS on a slow "
+                              "network)",
+             s->o.frame_timeout_ms, have, total ? total : (size_t)NCFSM__FRAME_HDR);
+  } else {
+    return;
+  }
+  c->timer_kind = T_NONE;
+  conn_fail(c, 0, msg, 1);
+}
+
+/* ---- accepting ------------------------------------------------------------------- */
+
+static void addr_str(const struct sockaddr *sa, char *buf, size_t n, uint8_t akey[17]) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  memset(akey, 0, 17);
+  if (sa && sa->sa_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+    evutil_inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+    akey[0] = 4;
+    memcpy(akey + 1, &in->sin_addr, 4);
+  } else if (sa && sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+    evutil_inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+    akey[0] = 6;
+    memcpy(akey + 1, &in6->sin6_addr, 16);
+  }
+  snprintf(buf, n, "%s:%d", host, port);
+}
+
+/* Refuse a just-accepted connection: an ERR "store busy" frame, then close. */
+static void refuse(ncfsm__store *s, evutil_socket_t fd, const char *peer, const char *why) {
+  s->st.refused_busy++;
+  warn_limited(s, W_BUSY, "store: refused a connection from %s: %s", peer, why);
+  evutil_make_socket_nonblocking(fd);
+  char junk[1024];
+  for (int i = 0; i < 4 && recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0; i++) {
+  }
+  uint8_t frame[NCFSM__FRAME_HDR + 400];
+  size_t n = strlen(why);
+  if (n > 400) n = 400;
+  ncfsm__frame_header(frame, NCFSM__F_ERR, 0, 0, (uint32_t)n);
+  memcpy(frame + NCFSM__FRAME_HDR, why, n);
+  ssize_t w = send(fd, frame, NCFSM__FRAME_HDR + n, MSG_DONTWAIT | MSG_NOSIGNAL);
+  (void)w;
+  shutdown(fd, SHUT_WR);
+  evutil_closesocket(fd);
 }
 
 static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa, int salen,
@@ -515,39 +1082,47 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
   ncfsm__store *s = arg;
   (void)lis;
   (void)salen;
+  s->relisten_ms = 0;
+  char peer[80];
+  uint8_t akey[17];
+  addr_str(sa, peer, sizeof peer, akey);
+  if (s->st.open_conns >= s->o.max_conns) {
+    char why[300];
+    snprintf(why, sizeof why, "store busy: %d connections open, its limit (more ranks than the "
+                              "store admits? raise --max-conns / NCFSM_STORE_MAX_CONNS and the "
+                              "open-file limit, ulimit -n)",
+             s->st.open_conns);
+    return refuse(s, fd, peer, why);
+  }
   struct sconn *c = calloc(1, sizeof *c);
   struct bufferevent *bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
-  if (!c || !bev) {
-    NCFSM_WARN(SUB, "store: out of memory accepting a connection");
+  struct event *timer = c ? evtimer_new(s->base, conn_timer_cb, c) : NULL;
+  if (!c || !bev || !timer) {
     free(c);
+    if (timer) event_free(timer);
     if (bev) bufferevent_free(bev);
     else evutil_closesocket(fd);
+    warn_limited(s, W_ACCEPT, "store: out of memory accepting a connection from %s", peer);
     return;
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   c->s = s;
   c->bev = bev;
+  c->timer = timer;
   LIST_INIT(&c->waiters);
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (sa->sa_family == AF_INET) {
-    evutil_inet_ntop(AF_INET, &((struct sockaddr_in *)sa)->sin_addr, host, sizeof host);
-    port = ntohs(((struct sockaddr_in *)sa)->sin_port);
-  } else if (sa->sa_family == AF_INET6) {
-    evutil_inet_ntop(AF_INET6, &((struct sockaddr_in6 *)sa)->sin6_addr, host, sizeof host);
-    port = ntohs(((struct sockaddr_in6 *)sa)->sin6_port);
-  }
-  snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+  snprintf(c->peer, sizeof c->peer, "%s", peer);
+  memcpy(c->akey, akey, sizeof c->akey);
   LIST_INSERT_HEAD(&s->conns, c, link);
   s->st.accepted++;
   s->st.open_conns++;
-  bufferevent_setwatermark(bev, EV_READ, 0,
-                           (size_t)NCFSM__FRAME_HDR + s->lim.key_max + s->lim.value_max);
-  bufferevent_setcb(bev, conn_read_cb, NULL, conn_event_cb, c);
-  struct timeval tv = {(time_t)(s->auth_timeout_ms / 1000),
-                       (suseconds_t)(s->auth_timeout_ms % 1000) * 1000};
-  bufferevent_set_timeouts(bev, &tv, NULL);
+  bufferevent_setwatermark(bev, EV_READ, 0, (size_t)NCFSM__FRAME_HDR + s->lim.key_max + 8);
+  bufferevent_setwatermark(bev, EV_WRITE, (size_t)(s->o.out_high / 2), 0);
+  bufferevent_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+  struct timeval stall = ms_tv(s->o.out_stall_ms), auth = ms_tv(s->o.auth_timeout_ms);
+  bufferevent_set_timeouts(bev, NULL, &stall);
+  c->timer_kind = T_AUTH;
+  evtimer_add(c->timer, &auth);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
 }
 
@@ -558,17 +1133,45 @@ static void relisten_cb(evutil_socket_t fd, short what, void *arg) {
   evconnlistener_enable(s->lis);
 }
 
-/* accept() failed (EMFILE, ENFILE, ENOBUFS): pause for 100 ms instead of spinning. */
+/* accept() failed. Out of descriptors (EMFILE, ENFILE): give up the reserve
+ * descriptor, accept the waiting connections one at a time and refuse each
+ * with "store busy", then take the reserve back; clients get a named error
+ * instead of hanging, and the listener does not spin. Otherwise (ENOBUFS,
+ * ENOMEM, or no reserve): pause the listener, 100 ms doubling to 1 s. */
 static void accept_error_cb(struct evconnlistener *lis, void *arg) {
   ncfsm__store *s = arg;
   int err = EVUTIL_SOCKET_ERROR();
-  NCFSM_WARN(SUB, "store: accept failed: %s; pausing the listener for 100 ms (raise the open-file "
-                  "limit, ulimit -n, for many ranks)",
-             evutil_socket_error_to_string(err));
+  if ((err == EMFILE || err == ENFILE) && s->reserve_fd >= 0) {
+    close(s->reserve_fd);
+    s->reserve_fd = -1;
+    char why[300];
+    snprintf(why, sizeof why, "store busy: out of file descriptors (accept: %s) with %d "
+                              "connections open: raise the store's open-file limit (ulimit -n) "
+                              "or lower --max-conns",
+             strerror(err), s->st.open_conns);
+    for (int i = 0; i < 64; i++) {
+      struct sockaddr_storage ss;
+      socklen_t sl = sizeof ss;
+      evutil_socket_t fd = accept(evconnlistener_get_fd(lis), (struct sockaddr *)&ss, &sl);
+      if (fd < 0) break;
+      char peer[80];
+      uint8_t akey[17];
+      addr_str((struct sockaddr *)&ss, peer, sizeof peer, akey);
+      refuse(s, fd, peer, why);
+    }
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (s->reserve_fd >= 0) return;
+  }
+  s->relisten_ms = s->relisten_ms ? (s->relisten_ms * 2 > 1000 ? 1000 : s->relisten_ms * 2) : 100;
+  warn_limited(s, W_ACCEPT, "store: accept failed: %s; pausing the listener for %d ms (raise the "
+                            "open-file limit, ulimit -n, for many ranks)",
+               evutil_socket_error_to_string(err), s->relisten_ms);
   evconnlistener_disable(lis);
-  struct timeval tv = {0, 100000};
+  struct timeval tv = ms_tv((uint64_t)s->relisten_ms);
   evtimer_add(s->relisten, &tv);
 }
+
+/* ---- the store ------------------------------------------------------------------ */
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o) {
   memset(o, 0, sizeof *o);
@@ -577,7 +1180,57 @@ void ncfsm__store_opts_init(ncfsm__store_opts *o) {
   o->value_max = NCFSM__FRAME_VALUE_MAX;
   o->max_bytes = 1ull << 30;
   o->auth_timeout_ms = 10000;
+  o->frame_timeout_ms = 10000;
+  o->max_inflight = 64ull << 20;
+  o->out_high = 4ull << 20;
+  o->out_max = 256ull << 20;
+  o->out_stall_ms = 60000;
+  o->max_conns = 0; /* the open-file limit minus 64, at open */
+  o->max_parked = 4096;
+  o->rejoin = 0;
+  o->auth_fail_burst = 10;
+  o->auth_fail_per_s = 2;
 }
+
+static void env_u64(const char *name, uint64_t *v) {
+  long long x = ncfsm__env_ll(name, -1);
+  if (x > 0) *v = (uint64_t)x;
+  else if (x == 0 || (getenv(name) && *getenv(name)))
+    NCFSM_WARN(SUB, "%s=%s is not a positive number; using %" PRIu64, name, getenv(name), *v);
+}
+
+void ncfsm__store_opts_env(ncfsm__store_opts *o) {
+  uint64_t v;
+  v = o->value_max;
+  env_u64("NCFSM_STORE_VALUE_MAX", &v);
+  o->value_max = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+  env_u64("NCFSM_STORE_MAX_BYTES", &o->max_bytes);
+  env_u64("NCFSM_STORE_AUTH_TIMEOUT_MS", &o->auth_timeout_ms);
+  env_u64("NCFSM_STORE_FRAME_TIMEOUT_MS", &o->frame_timeout_ms);
+  env_u64("NCFSM_STORE_MAX_INFLIGHT", &o->max_inflight);
+  env_u64("NCFSM_STORE_OUT_HIGH", &o->out_high);
+  env_u64("NCFSM_STORE_OUT_MAX", &o->out_max);
+  env_u64("NCFSM_STORE_OUT_STALL_MS", &o->out_stall_ms);
+  v = o->max_conns > 0 ? (uint64_t)o->max_conns : 0;
+  if (getenv("NCFSM_STORE_MAX_CONNS")) {
+    env_u64("NCFSM_STORE_MAX_CONNS", &v);
+    o->max_conns = v > (1u << 30) ? (1 << 30) : (int)v;
+  }
+  v = o->max_parked;
+  env_u64("NCFSM_STORE_MAX_PARKED", &v);
+  o->max_parked = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+  v = o->auth_fail_burst;
+  env_u64("NCFSM_STORE_AUTH_FAIL_BURST", &v);
+  o->auth_fail_burst = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+  v = o->auth_fail_per_s;
+  env_u64("NCFSM_STORE_AUTH_FAIL_PER_S", &v);
+  o->auth_fail_per_s = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+  if (getenv("NCFSM_STORE_REJOIN")) o->rejoin = ncfsm__env_ll("NCFSM_STORE_REJOIN", 0) != 0;
+  if (getenv("NCFSM_STORE_ALLOW_REMOTE"))
+    o->allow_remote = ncfsm__env_ll("NCFSM_STORE_ALLOW_REMOTE", 0) != 0;
+}
+
+void ncfsm__store_limits_get(const ncfsm__store *s, ncfsm__store_opts *o) { *o = s->o; }
 
 int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm__store **out,
                       char *err, size_t errlen) {
@@ -605,17 +1258,48 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
     snprintf(err, errlen, "out of memory");
     return -1;
   }
+  ncfsm__store_opts d;
+  ncfsm__store_opts_init(&d);
+  s->o = *o;
+#define DFLT(f) \
+  if (!s->o.f) s->o.f = d.f
+  DFLT(key_max);
+  DFLT(value_max);
+  DFLT(max_bytes);
+  DFLT(auth_timeout_ms);
+  DFLT(frame_timeout_ms);
+  DFLT(max_inflight);
+  DFLT(out_high);
+  DFLT(out_max);
+  DFLT(out_stall_ms);
+  DFLT(max_parked);
+  DFLT(auth_fail_burst);
+  DFLT(auth_fail_per_s);
+#undef DFLT
+  if (s->o.max_conns <= 0) {
+    struct rlimit rl;
+    rlim_t lim = 1024;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) lim = rl.rlim_cur;
+    if (lim == RLIM_INFINITY || lim > (1u << 20)) lim = 1u << 20;
+    s->o.max_conns = lim > 64 + 16 ? (int)(lim - 64) : 16;
+  }
+  s->o.listen = NULL;
+  s->o.token = NULL;
   s->base = base;
+  s->reserve_fd = -1;
   s->toklen = strlen(o->token);
   s->token = (uint8_t *)strdup(o->token);
-  s->lim.key_max = o->key_max ? o->key_max : NCFSM__FRAME_KEY_MAX;
-  s->lim.value_max = o->value_max ? o->value_max : NCFSM__FRAME_VALUE_MAX;
-  if (s->lim.value_max < 8 + 1) s->lim.value_max = 9;
-  s->max_bytes = o->max_bytes ? o->max_bytes : (1ull << 30);
-  s->auth_timeout_ms = o->auth_timeout_ms ? o->auth_timeout_ms : 10000;
+  s->lim.key_max = s->o.key_max;
+  s->lim.value_max = s->o.value_max;
+  if (s->lim.value_max < 8 + 1) s->lim.value_max = s->o.value_max = 9;
+  s->hello_lim.key_max = s->o.key_max;
+  s->hello_lim.value_max = 8;
   s->nb = 1024;
   s->tab = calloc(s->nb, sizeof *s->tab);
   LIST_INIT(&s->conns);
+  TAILQ_INIT(&s->partials);
+  LIST_INIT(&s->gathers);
+  LIST_INIT(&s->blobs);
   s->relisten = evtimer_new(base, relisten_cb, s);
   if (!s->token || !s->tab || !s->relisten) {
     snprintf(err, errlen, "out of memory");
@@ -631,12 +1315,17 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
     goto fail;
   }
   evconnlistener_set_error_cb(s->lis, accept_error_cb);
+  s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   struct sockaddr_storage bound;
   socklen_t blen = sizeof bound;
   if (getsockname(evconnlistener_get_fd(s->lis), (struct sockaddr *)&bound, &blen) == 0)
     s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
-  NCFSM_INFO(SUB, "store: listening on %s (port %d)", o->listen, s->port);
+  NCFSM_INFO(SUB, "store: listening on %s (port %d); max %d connections, frame timeout %" PRIu64
+                  " ms, max inflight %" PRIu64 ", out high/max %" PRIu64 "/%" PRIu64
+                  ", max bytes %" PRIu64,
+             o->listen, s->port, s->o.max_conns, s->o.frame_timeout_ms, s->o.max_inflight,
+             s->o.out_high, s->o.out_max, s->o.max_bytes);
   *out = s;
   return 0;
 fail:
@@ -649,23 +1338,37 @@ fail:
 
 int ncfsm__store_port(const ncfsm__store *s) { return s ? s->port : -1; }
 
-void ncfsm__store_stats_get(const ncfsm__store *s, ncfsm__store_stats *st) { *st = s->st; }
+void ncfsm__store_stats_get(const ncfsm__store *s, ncfsm__store_stats *st) {
+  *st = s->st;
+  st->bytes = s->bytes;
+  st->inflight = s->inflight;
+}
 
 void ncfsm__store_close(ncfsm__store *s) {
   if (!s) return;
   struct sconn *c;
-  while ((c = LIST_FIRST(&s->conns)) != NULL) conn_free(c);
+  while ((c = LIST_FIRST(&s->conns)) != NULL) {
+    c->released = 1; /* the store is going: no gather failures to send */
+    conn_free(c);
+  }
   evconnlistener_free(s->lis);
   event_free(s->relisten);
+  if (s->reserve_fd >= 0) close(s->reserve_fd);
   for (size_t i = 0; i < s->nb; i++)
     for (struct entry *e = s->tab[i], *next; e; e = next) {
       next = e->hnext;
-      free(e->key);
-      free(e->val);
-      if (e->g_buf) gbuf_unref(NULL, 0, e->g_buf);
-      free(e->g_have);
-      free(e);
+      entry_delete(s, e);
     }
+  /* Replies not yet freed by libevent may still reference blobs: detach them. */
+  struct blob *b;
+  while ((b = LIST_FIRST(&s->blobs)) != NULL) {
+    LIST_REMOVE(b, link);
+    b->s = NULL;
+  }
+  if (s->ranks)
+    for (uint32_t r = 0; r < s->job_size; r++) free(s->ranks[r].why);
+  free(s->ranks);
+  free(s->conflict);
   memset(s->token, 0, s->toklen);
   free(s->token);
   free(s->tab);

@@ -5,7 +5,9 @@
  *   ncfsm-store --listen 127.0.0.1:0 --token T --print-port   # prints the port picked
  *
  * The token is read from NCFSM_STORE_TOKEN unless --token is given (argv is
- * visible to every user through ps; prefer the environment). Stops on
+ * visible to every user through ps; prefer the environment). The limits
+ * (docs/bootstrap.md, "Limits") come from NCFSM_STORE_* and then from the
+ * flags. Stops on
  * SIGINT/SIGTERM and then exits 0. Exit status 2 for a bad argument, 1 when
  * the store cannot start (no token, a non-loopback address without
  * --allow-remote, the port is taken).
@@ -24,28 +26,77 @@
 
 static void usage(FILE *f) {
   fprintf(f, "usage: ncfsm-store [--listen HOST:PORT] [--token T] [--value-max BYTES]\n"
-             "                   [--max-bytes BYTES] [--allow-remote] [--print-port]\n"
+             "                   [--max-bytes BYTES] [--allow-remote] [--print-port] [LIMITS]\n"
              "  --listen      address to listen on (default $NCFSM_STORE_ADDR or 127.0.0.1:29500;\n"
              "                port 0 picks a free port)\n"
              "  --token       job token (default $NCFSM_STORE_TOKEN; required)\n"
              "  --value-max   largest value accepted (default 1048576)\n"
-             "  --max-bytes   total bytes the store may hold (default 1 GiB)\n"
+             "  --max-bytes   keys, values, gathers and parked requests (default 1 GiB)\n"
              "  --allow-remote  listen on a non-loopback address (no TLS: trusted networks only)\n"
-             "  --print-port  print \"PORT\\n\" on stdout once listening\n");
+             "  --print-port  print \"PORT\\n\" on stdout once listening\n"
+             "limits (each also NCFSM_STORE_<NAME>, e.g. NCFSM_STORE_MAX_CONNS):\n"
+             "  --auth-timeout-ms MS   HELLO within this of the accept (10000)\n"
+             "  --frame-timeout-ms MS  a frame whole within this of its first byte (10000)\n"
+             "  --max-inflight BYTES   unfinished frames of all connections (64 MiB)\n"
+             "  --out-high BYTES       stop reading a client with more replies queued (4 MiB)\n"
+             "  --out-max BYTES        close a client with more replies queued (256 MiB)\n"
+             "  --out-stall-ms MS      close a client that read no reply for this long (60000)\n"
+             "  --max-conns N          refuse connections past N (open-file limit - 64)\n"
+             "  --max-parked N         parked requests per connection (4096)\n"
+             "  --auth-fail-burst N    failed HELLOs per address before throttling (10)\n"
+             "  --auth-fail-per-s N    then this many per second (2)\n"
+             "  --rejoin               a rank whose connection ended may connect again\n");
 }
 
 /* A positive integer no larger than max (decimal, or 0x hex); else a clear
  * error and -1. */
-static int parse_size(const char *opt, const char *v, unsigned long long max, unsigned long long *out) {
+static int parse_num(const char *opt, const char *v, unsigned long long max, const char *unit,
+                     unsigned long long *out) {
   char *end;
   errno = 0;
   unsigned long long x = strtoull(v, &end, 0); /* accepts a sign: refused below */
   if (strchr(v, '-') || end == v || *end || errno || x == 0 || x > max) {
-    fprintf(stderr, "ncfsm-store: %s '%s': expected a number of bytes from 1 to %llu\n", opt, v, max);
+    fprintf(stderr, "ncfsm-store: %s '%s': expected a number%s from 1 to %llu\n", opt, v, unit, max);
     return -1;
   }
   *out = x;
   return 0;
+}
+static int parse_size(const char *opt, const char *v, unsigned long long max, unsigned long long *out) {
+  return parse_num(opt, v, max, " of bytes", out);
+}
+
+/* The numeric limit flags: name, bytes or not, and where they go. */
+typedef struct num_flag {
+  const char *name;
+  int bytes;
+  unsigned long long max;
+} num_flag;
+static const num_flag num_flags[] = {
+    {"--auth-timeout-ms", 0, 86400000ull}, {"--frame-timeout-ms", 0, 86400000ull},
+    {"--max-inflight", 1, UINT64_MAX},     {"--out-high", 1, UINT64_MAX},
+    {"--out-max", 1, UINT64_MAX},          {"--out-stall-ms", 0, 86400000ull},
+    {"--max-conns", 0, 1u << 30},          {"--max-parked", 0, UINT32_MAX},
+    {"--auth-fail-burst", 0, UINT32_MAX},  {"--auth-fail-per-s", 0, UINT32_MAX},
+};
+
+static void set_num(ncfsm__store_opts *o, const char *name, unsigned long long x) {
+  if (!strcmp(name, "--auth-timeout-ms")) o->auth_timeout_ms = x;
+  else if (!strcmp(name, "--frame-timeout-ms")) o->frame_timeout_ms = x;
+  else if (!strcmp(name, "--max-inflight")) o->max_inflight = x;
+  else if (!strcmp(name, "--out-high")) o->out_high = x;
+  else if (!strcmp(name, "--out-max")) o->out_max = x;
+  else if (!strcmp(name, "--out-stall-ms")) o->out_stall_ms = x;
+  else if (!strcmp(name, "--max-conns")) o->max_conns = (int)x;
+  else if (!strcmp(name, "--max-parked")) o->max_parked = (uint32_t)x;
+  else if (!strcmp(name, "--auth-fail-burst")) o->auth_fail_burst = (uint32_t)x;
+  else if (!strcmp(name, "--auth-fail-per-s")) o->auth_fail_per_s = (uint32_t)x;
+}
+
+static const num_flag *find_num_flag(const char *a) {
+  for (size_t i = 0; i < sizeof num_flags / sizeof num_flags[0]; i++)
+    if (!strcmp(a, num_flags[i].name)) return &num_flags[i];
+  return NULL;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
@@ -60,12 +111,13 @@ int main(int argc, char **argv) {
   ncfsm__store_opts_init(&o);
   o.listen = ncfsm__env_str("NCFSM_STORE_ADDR", "127.0.0.1:29500");
   o.token = ncfsm__env_str("NCFSM_STORE_TOKEN", NULL);
-  o.allow_remote = ncfsm__env_ll("NCFSM_STORE_ALLOW_REMOTE", 0) != 0;
+  ncfsm__store_opts_env(&o);
   int print_port = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
+    const num_flag *nf = find_num_flag(a);
     int takes_value = !strcmp(a, "--listen") || !strcmp(a, "--token") || !strcmp(a, "--value-max") ||
-                      !strcmp(a, "--max-bytes");
+                      !strcmp(a, "--max-bytes") || nf;
     if (takes_value && i + 1 >= argc) {
       fprintf(stderr, "ncfsm-store: %s needs a value\n", a);
       usage(stderr);
@@ -82,6 +134,11 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--max-bytes")) {
       if (parse_size(a, argv[++i], UINT64_MAX, &x)) return 2;
       o.max_bytes = x;
+    } else if (nf) {
+      if (parse_num(a, argv[++i], nf->max, nf->bytes ? " of bytes" : "", &x)) return 2;
+      set_num(&o, a, x);
+    } else if (!strcmp(a, "--rejoin")) {
+      o.rejoin = 1;
     } else if (!strcmp(a, "--allow-remote")) {
       o.allow_remote = 1;
     } else if (!strcmp(a, "--print-port")) {
@@ -120,10 +177,19 @@ int main(int argc, char **argv) {
   ncfsm__store_stats_get(s, &st);
   fprintf(stderr,
           "ncfsm-store: stopping: %llu connections, %llu authenticated, %llu bad token, %llu bad "
-          "frames, %llu frames\n",
+          "frames, %llu frames; %llu refused busy, %llu throttled, %llu slow frames, %llu unread "
+          "replies, %llu over the input budget, %llu over max parked, %llu ranks gone, %llu rank "
+          "conflicts, %llu rejoins refused, %llu allgathers failed; peak %llu bytes held, %llu "
+          "inflight\n",
           (unsigned long long)st.accepted, (unsigned long long)st.authenticated,
           (unsigned long long)st.rejected_token, (unsigned long long)st.closed_bad_frame,
-          (unsigned long long)st.frames);
+          (unsigned long long)st.frames, (unsigned long long)st.refused_busy,
+          (unsigned long long)st.throttled, (unsigned long long)st.closed_slow,
+          (unsigned long long)st.closed_unread, (unsigned long long)st.closed_budget,
+          (unsigned long long)st.closed_parked, (unsigned long long)st.ranks_gone,
+          (unsigned long long)st.rank_conflicts, (unsigned long long)st.rejoin_refused,
+          (unsigned long long)st.gathers_failed, (unsigned long long)st.peak_bytes,
+          (unsigned long long)st.peak_inflight);
   ncfsm__store_close(s);
   event_free(sint);
   event_free(sterm);
