@@ -364,6 +364,7 @@ static bool uid_known(ncfsm_comm *c) {
     return false;
   }
   memcpy(&c->uid, c->uid_buf, sizeof c->uid); /* rank 0's id */
+  c->comm_id = XXH3_64bits(&c->uid, sizeof c->uid); /* the same on every rank from here */
   free(c->uid_buf);
   c->uid_buf = NULL;
   return true;
