@@ -57,7 +57,12 @@ typedef struct ncfsm__comm_config {
 
 /* Optional entry points (bit set when the runtime has them, R6/R7). */
 enum { NCFSM__HAS_REVOKE = 1u << 0, NCFSM__HAS_SHRINK = 1u << 1, NCFSM__HAS_ALLTOALL = 1u << 2,
-       NCFSM__HAS_GATHER = 1u << 3, NCFSM__HAS_SCATTER = 1u << 4 };
+       NCFSM__HAS_GATHER = 1u << 3, NCFSM__HAS_SCATTER = 1u << 4, NCFSM__HAS_SPLIT = 1u << 5,
+       NCFSM__HAS_GROW = 1u << 6 };
+
+/* ncclCommShrink flags (NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT) and NCCL_SPLIT_NOCOLOR. */
+enum { NCFSM__SHRINK_DEFAULT = 0, NCFSM__SHRINK_ABORT = 1 };
+#define NCFSM__SPLIT_NOCOLOR (-1)
 
 typedef struct ncfsm__backend {
   const char *name;
@@ -78,6 +83,31 @@ typedef struct ncfsm__backend {
   int (*destroy)(void *bcomm);
   int (*abort)(void *bcomm);
   int (*revoke)(void *bcomm, int flags);
+  /*
+   * Communicators made from communicators (NULL where the backend has none;
+   * features() / comm_features() say whether this runtime has them). Like
+   * NCCL, a nonblocking parent's call may return ncclSuccess or
+   * ncclInProgress with *child not written yet: the backend writes *child
+   * (through the pointer given here, which must stay valid) at the latest
+   * when the parent's async state polls back to ncclSuccess (R8); only then
+   * may the engine read it, and the child then polls to success on its own.
+   * cfg is the child's configuration (blocking, device, sim options, name).
+   */
+  /* ncclCommSplit: color NCFSM__SPLIT_NOCOLOR leaves *child NULL. */
+  int (*comm_split)(void *parent, int color, int key, void **child, const ncfsm__comm_config *cfg);
+  /* ncclCommShrink (R7): the excluded ranks (parent ranks) must not call it;
+   * flags NCFSM__SHRINK_DEFAULT (no outstanding parent work) or
+   * NCFSM__SHRINK_ABORT (the parent's outstanding work is terminated first). */
+  int (*comm_shrink)(void *parent, const int *exclude, int nexclude, void **child,
+                     const ncfsm__comm_config *cfg, int flags);
+  /* ncclCommGetUniqueId (2.29+): the id a grow is made with, from one existing rank. */
+  int (*comm_get_unique_id)(void *bcomm, ncfsm_unique_id *id);
+  /* ncclCommGrow (2.29+): existing ranks pass their comm and rank -1 (id only
+   * on the rank that made it, NULL on the others); joining ranks pass parent
+   * NULL, the id and their new rank (numbered from the parent's size up). */
+  int (*comm_grow)(void *parent, int nranks, const ncfsm_unique_id *id, int rank, void **child,
+                   const ncfsm__comm_config *cfg);
+
   /* Process-wide last error text (ncclGetLastError ignores its comm). */
   const char *(*last_error)(void *bcomm);
 

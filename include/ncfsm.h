@@ -224,6 +224,13 @@ typedef struct ncfsm_sim_opts {
   int never_arrive;        /* 1: this rank never posts its ops (peers hang) */
   uint64_t shuffle_seed;   /* order in which ops of one group run (R12) */
   int has_revoke;          /* 1: model 2.28.9 (Revoke exists, default); 0: 2.28.3 */
+  int split_polls;         /* polls of a nonblocking parent until its split or shrink is final
+                              and the child's handle is written (R8; default 2) */
+  int has_grow;            /* 1: model ncclCommGrow / ncclCommGetUniqueId (NCCL 2.29+; default 0,
+                              or 1 when NCFSM_SIM_NCCL_VERSION >= 22900) */
+  int dead;                /* 1: this rank's process is dead: it never posts again, and peers'
+                              collectives with it never complete (as with never_arrive), also in
+                              children made from it */
 } ncfsm_sim_opts;
 
 void ncfsm_sim_opts_init(ncfsm_sim_opts *o); /* defaults, then NCFSM_SIM_* environment */

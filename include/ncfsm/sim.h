@@ -15,6 +15,7 @@ extern "C" {
 /* How often the engine reached the sim for one communicator. */
 typedef struct ncfsm_sim_stats {
   uint64_t inits, polls, ops, group_starts, group_ends, finalizes, destroys, aborts, revokes;
+  uint64_t splits, shrinks, grows; /* calls made on this comm as the parent (grow: also a joiner's) */
   uint64_t rejected; /* calls the sim (as NCCL) rejected */
   uint64_t executed; /* ops whose data movement ran */
   int async_state;   /* current ncclResult_t async state */
