@@ -561,6 +561,15 @@ static void conn_free(struct sconn *c) {
   free(c);
 }
 
+/* While closing, input is read and dropped: a socket closed with unread
+ * input sends a reset, which can destroy the ERR frame before the peer
+ * reads it. */
+static void conn_closing_read_cb(struct bufferevent *bev, void *arg) {
+  struct evbuffer *in = bufferevent_get_input(bev);
+  (void)arg;
+  evbuffer_drain(in, evbuffer_get_length(in));
+}
+
 static void conn_closing_write_cb(struct bufferevent *bev, void *arg) {
   (void)bev;
   conn_free(arg);
@@ -589,18 +598,22 @@ static void conn_fail(struct sconn *c, uint32_t id, const char *why, int drop) {
   struct evbuffer *in = bufferevent_get_input(c->bev), *out = bufferevent_get_output(c->bev);
   evbuffer_drain(in, evbuffer_get_length(in));
   input_account(c, 0);
-  if (drop) evbuffer_drain(out, evbuffer_get_length(out));
+  if (drop) { /* a bufferevent's output is frozen at its start for its users */
+    evbuffer_unfreeze(out, 1);
+    evbuffer_drain(out, evbuffer_get_length(out));
+    evbuffer_freeze(out, 1);
+  }
   uint8_t hdr[NCFSM__FRAME_HDR];
   uint32_t n = (uint32_t)strlen(why);
   ncfsm__frame_header(hdr, NCFSM__F_ERR, id, 0, n);
   evbuffer_add(out, hdr, sizeof hdr);
   evbuffer_add(out, why, n);
-  bufferevent_disable(c->bev, EV_READ);
-  bufferevent_setcb(c->bev, NULL, conn_closing_write_cb, conn_closing_event_cb, c);
+  bufferevent_setcb(c->bev, conn_closing_read_cb, conn_closing_write_cb, conn_closing_event_cb, c);
   bufferevent_setwatermark(c->bev, EV_WRITE, 0, 0);
+  bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
   struct timeval one = {1, 0};
   bufferevent_set_timeouts(c->bev, NULL, &one);
-  bufferevent_enable(c->bev, EV_WRITE);
+  bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 }
 
 static void fail_later(struct sconn *c, const char *fmt, ...) {
