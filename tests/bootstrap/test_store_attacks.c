@@ -24,6 +24,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -46,6 +47,8 @@
 
 static const char *store_bin;
 static int issue_scale;
+/* Processes a failed test leaves behind: its teardown kills them. */
+static pid_t live_store = -1, live_child = -1;
 
 /* ---- the store process ------------------------------------------------------ */
 
@@ -81,6 +84,7 @@ static void store_spawn(store_proc *sp, const char *const *env, long nofile) {
   assert_true(pid >= 0);
   if (pid == 0) {
     close(p[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the test died (its alarm): no orphan store */
     dup2(p[1], 1);
     int fd = open(sp->errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd >= 0) dup2(fd, 2);
@@ -106,7 +110,7 @@ static void store_spawn(store_proc *sp, const char *const *env, long nofile) {
   }
   close(p[0]);
   buf[got] = 0;
-  sp->pid = pid;
+  sp->pid = live_store = pid;
   sp->port = atoi(buf);
   if (sp->port <= 0) fail_msg("%s did not print its port (see %s)", store_bin, sp->errpath);
   sp->base_kb = proc_kb(pid, "VmRSS");
@@ -114,6 +118,7 @@ static void store_spawn(store_proc *sp, const char *const *env, long nofile) {
 
 /* Stop the store (SIGTERM); copy its last "stopping:" line into stats. */
 static void store_stop(store_proc *sp, char *stats, size_t n) {
+  live_store = -1;
   kill(sp->pid, SIGTERM);
   int status = 0;
   for (int i = 0; i < 500 && waitpid(sp->pid, &status, WNOHANG) == 0; i++) usleep(10000);
@@ -121,16 +126,26 @@ static void store_stop(store_proc *sp, char *stats, size_t n) {
     kill(sp->pid, SIGKILL);
     waitpid(sp->pid, &status, 0);
   }
-  if (stats) {
-    stats[0] = 0;
-    FILE *f = fopen(sp->errpath, "r");
-    char line[2048];
-    while (f && fgets(line, sizeof line, f))
-      if (strstr(line, "stopping:")) snprintf(stats, n, "%s", line);
+  if (stats) stats[0] = 0;
+  /* it must stop cleanly: exit 0 after SIGTERM, no sanitizer report */
+  FILE *f = fopen(sp->errpath, "r");
+  char line[2048];
+  int bad = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  while (f && fgets(line, sizeof line, f)) {
+    if (stats && strstr(line, "stopping:")) snprintf(stats, n, "%s", line);
+    if (strstr(line, "runtime error:") || strstr(line, "Sanitizer")) bad = 1;
+  }
+  if (f) fclose(f);
+  if (bad) {
+    fprintf(stderr, "---- the store (%s) did not stop cleanly (status 0x%x); its log:\n", store_bin,
+            status);
+    f = fopen(sp->errpath, "r");
+    while (f && fgets(line, sizeof line, f)) fputs(line, stderr);
     if (f) fclose(f);
   }
   if (!getenv("STORE_ATTACKS_KEEP_LOGS")) unlink(sp->errpath);
   else fprintf(stderr, "store log kept: %s\n", sp->errpath);
+  if (bad) fail_msg("the store exited with status 0x%x or reported a sanitizer error", status);
 }
 
 /* Lines of the store's log that contain sub. */
@@ -668,7 +683,7 @@ static void gone_case(int how) {
   if (how == 0) {
     b2 = open_rank(base, sp.port, 2, 3, 15000);
   } else {
-    child = fork();
+    child = live_child = fork();
     assert_true(child >= 0);
     if (child == 0) {
       struct event_base *cb = event_base_new();
@@ -741,6 +756,7 @@ static void gone_case(int how) {
            again_r == NCFSM_OK ? "accepted" : "refused (rejoin off)");
   row_emit(&w, NULL, &sp);
   if (child > 0) waitpid(child, NULL, 0);
+  live_child = -1;
   close(sync[0]);
   close(sync[1]);
   assert_int_equal(NCFSM_ERR_BOOTSTRAP, st[0]);
@@ -911,7 +927,19 @@ static int at_setup(void **state) {
   alarm(issue_scale ? 300 : 60);
   return 0;
 }
-#define AT_TEST(f) cmocka_unit_test_setup_teardown(f, at_setup, bt_teardown)
+static int at_teardown(void **state) {
+  (void)state;
+  pid_t left[2] = {live_store, live_child};
+  for (int i = 0; i < 2; i++)
+    if (left[i] > 0) {
+      kill(left[i], SIGKILL);
+      waitpid(left[i], NULL, 0);
+    }
+  live_store = live_child = -1;
+  alarm(0);
+  return 0;
+}
+#define AT_TEST(f) cmocka_unit_test_setup_teardown(f, at_setup, at_teardown)
 
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
