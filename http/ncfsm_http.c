@@ -2,11 +2,13 @@
  * (ncfsm/http.h). Uses ncfsm's public API only (ncfsm/introspect.h). */
 #include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,8 +45,20 @@ static void free_text(const void *data, size_t len, void *arg) {
 }
 
 /* Reply with text (taken: freed by the buffer) or a copy of a literal. */
+/* Answers go out at once: without TCP_NODELAY the tail of an answer longer
+ * than one segment waits for the client's delayed ACK (measured: a /metrics
+ * round trip of 44 ms instead of ~0.1 ms over loopback). */
+static void no_delay(struct evhttp_request *req) {
+  struct evhttp_connection *c = evhttp_request_get_connection(req);
+  struct bufferevent *bev = c ? evhttp_connection_get_bufferevent(c) : NULL;
+  evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+  int one = 1;
+  if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
 static void reply(struct evhttp_request *req, int code, const char *reason, const char *type,
                   char *owned, const char *literal) {
+  no_delay(req);
   struct evkeyvalq *h = evhttp_request_get_output_headers(req);
   evhttp_add_header(h, "Content-Type", type);
   evhttp_add_header(h, "Cache-Control", "no-store");

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev
       libxxhash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
-      libclang-rt-dev)
+      libclang-rt-dev prometheus curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

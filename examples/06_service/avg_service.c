@@ -191,7 +191,10 @@ static void busy_next(avg_service *s) {
     if (r != NCFSM_OK) { fail(s, "busy AllReduce failed: %s", ncfsm_err_name(r)); return; }
     s->busy_left--;
     atomic_fetch_add(&s->ctr.busy_done, 1);
-    event_active(s->ev_busy, EV_TIMEOUT, 0);
+    /* a zero timer, not event_active: the base polls its sockets before it
+     * runs the next one, so clients are answered between collectives */
+    struct timeval zero = {0, 0};
+    event_add(s->ev_busy, &zero);
     return;
   }
   if (ncfsm_allreduce(s->comm, s->busy_dev, s->busy_dev, s->busy_count, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL,
@@ -470,7 +473,7 @@ int avg_start(struct event_base *base, const avg_opts *o, avg_service **out) {
   s->stage = calloc(s->n, sizeof *s->stage);
   s->total = calloc(o->count, sizeof *s->total);
   s->ev_round = evtimer_new(base, on_round_timer, s);
-  s->ev_busy = event_new(base, -1, 0, on_busy_event, s);
+  s->ev_busy = evtimer_new(base, on_busy_event, s);
   s->ev_grace = evtimer_new(base, on_grace, s);
   s->ev_step = event_new(base, -1, 0, shutdown_step, s);
   if (!o->count || !s->acc || !s->stage || !s->total || !s->ev_round || !s->ev_busy || !s->ev_grace ||
@@ -583,3 +586,4 @@ avg_counters *avg_get_counters(avg_service *s) { return &s->ctr; }
 int avg_port(const avg_service *s) { return s->http ? ncfsm_http_port(s->http) : -1; }
 int avg_rank(const avg_service *s) { return s->rank; }
 int avg_size(const avg_service *s) { return s->size; }
+ncfsm_loop *avg_loop(avg_service *s) { return s->loop; }

@@ -62,5 +62,6 @@ avg_counters *avg_get_counters(avg_service *s);
 int avg_port(const avg_service *s);
 int avg_rank(const avg_service *s);
 int avg_size(const avg_service *s);
+ncfsm_loop *avg_loop(avg_service *s);
 
 #endif

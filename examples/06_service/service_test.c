@@ -113,7 +113,7 @@ static void start_ranks(job *j, int n, const char *const *common, const char *co
     const char *argv[64];
     int k = 0;
     if (g_mpirun) {
-      static char np[8];
+      static char np[16];
       snprintf(np, sizeof np, "%d", n);
       const char *mpi[] = {g_mpirun, "--oversubscribe", "-np", np, "-x", "NCFSM_BACKEND", "-x",
                            "NCCL_NVLS_ENABLE", "-x", "LD_LIBRARY_PATH", NULL};
@@ -128,7 +128,7 @@ static void start_ranks(job *j, int n, const char *const *common, const char *co
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-      char t[48], rs[8], ns[8];
+      char t[48], rs[16], ns[16];
       snprintf(t, sizeof t, "%s.%d", j->tag, p);
       redirect(t, "out");
       redirect(t, "err");
