@@ -30,6 +30,8 @@ typedef struct ncfsm__store_opts {
                                 into an empty queue is never refused for size); 256 MiB */
   uint64_t out_stall_ms;     /* close a connection that has not read any of its replies for this
                                 long; 60 s */
+  uint64_t max_out;          /* queued replies of all connections: past it, a connection with
+                                replies queued is not read until they drain; 256 MiB */
   int max_conns;             /* refuse ("store busy") past this many; default the open-file limit
                                 minus 64 */
   uint32_t max_parked;       /* parked GET/WAIT/GATHER requests per connection; 4096 */
@@ -53,6 +55,7 @@ typedef struct ncfsm__store_stats {
   uint64_t gathers_failed;   /* GATHERs failed for every rank (a rank gone, a conflict) */
   uint64_t bytes, peak_bytes;       /* held under max_bytes */
   uint64_t inflight, peak_inflight; /* held under max_inflight */
+  uint64_t out_queued, peak_out;    /* queued replies (referenced bytes included) */
 } ncfsm__store_stats;
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o);

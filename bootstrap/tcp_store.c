@@ -20,7 +20,9 @@
  *    max_bytes until the last reply referencing it is gone); a connection
  *    whose queued replies pass out_high is not read until they drain below
  *    half of it, one whose replies pass out_max or are not read for
- *    out_stall_ms is closed; at most max_parked parked requests each;
+ *    out_stall_ms is closed; at most max_parked parked requests each; while
+ *    all connections' queued replies pass max_out, a connection with
+ *    replies queued is not read;
  *  - connections: past max_conns, or out of descriptors (EMFILE: a reserve
  *    descriptor is given up to accept the connection), a new connection gets
  *    an ERR "store busy" frame and is closed;
@@ -108,6 +110,7 @@ struct sconn {
   char peer[80];
   uint8_t akey[17];         /* peer address (family, bytes) for the throttle */
   int authed, closing, paused, ranked, released, overflow;
+  struct evbuffer_cb_entry *out_cb; /* counts the output in s->out_queued */
   uint32_t rank;
   uint32_t parked;
   size_t in_acct;           /* input bytes counted in s->inflight */
@@ -148,7 +151,7 @@ struct ncfsm__store {
   size_t toklen;
   ncfsm__frame_limits lim, hello_lim;
   ncfsm__store_opts o; /* the limits in force */
-  uint64_t bytes, inflight;
+  uint64_t bytes, inflight, out_queued;
   struct entry **tab;
   size_t nb, count;
   LIST_HEAD(, sconn) conns;
@@ -546,6 +549,9 @@ static void input_account(struct sconn *c, int frame_done) {
 static void conn_free(struct sconn *c) {
   ncfsm__store *s = c->s;
   rank_release(c, "connection closed");
+  struct evbuffer *out = bufferevent_get_output(c->bev);
+  if (c->out_cb) evbuffer_remove_cb_entry(out, c->out_cb);
+  s->out_queued -= evbuffer_get_length(out);
   struct waiter *w;
   while ((w = LIST_FIRST(&c->waiters)) != NULL) {
     struct entry *e = w->e;
@@ -964,7 +970,8 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
     }
     evbuffer_drain(in, used);
     done = 1;
-    if (evbuffer_get_length(bufferevent_get_output(bev)) > s->o.out_high) {
+    size_t q = evbuffer_get_length(bufferevent_get_output(bev));
+    if (q > s->o.out_high || (q > 0 && s->out_queued > s->o.max_out)) {
       c->paused = 1; /* resumed by conn_write_cb */
       bufferevent_disable(bev, EV_READ);
     }
@@ -1049,6 +1056,14 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
   conn_fail(c, 0, msg, 1);
 }
 
+/* Every change of a connection's output, for the store-wide max_out. */
+static void conn_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg) {
+  ncfsm__store *s = arg;
+  (void)buf;
+  s->out_queued = s->out_queued + info->n_added - info->n_deleted;
+  if (s->out_queued > s->st.peak_out) s->st.peak_out = s->out_queued;
+}
+
 /* ---- accepting ------------------------------------------------------------------- */
 
 static void addr_str(const struct sockaddr *sa, char *buf, size_t n, uint8_t akey[17]) {
@@ -1126,6 +1141,7 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
   LIST_INIT(&c->waiters);
   snprintf(c->peer, sizeof c->peer, "%s", peer);
   memcpy(c->akey, akey, sizeof c->akey);
+  c->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), conn_out_cb, s);
   LIST_INSERT_HEAD(&s->conns, c, link);
   s->st.accepted++;
   s->st.open_conns++;
@@ -1198,6 +1214,7 @@ void ncfsm__store_opts_init(ncfsm__store_opts *o) {
   o->out_high = 4ull << 20;
   o->out_max = 256ull << 20;
   o->out_stall_ms = 60000;
+  o->max_out = 256ull << 20;
   o->max_conns = 0; /* the open-file limit minus 64, at open */
   o->max_parked = 4096;
   o->rejoin = 0;
@@ -1224,6 +1241,7 @@ void ncfsm__store_opts_env(ncfsm__store_opts *o) {
   env_u64("NCFSM_STORE_OUT_HIGH", &o->out_high);
   env_u64("NCFSM_STORE_OUT_MAX", &o->out_max);
   env_u64("NCFSM_STORE_OUT_STALL_MS", &o->out_stall_ms);
+  env_u64("NCFSM_STORE_MAX_OUT", &o->max_out);
   v = o->max_conns > 0 ? (uint64_t)o->max_conns : 0;
   if (getenv("NCFSM_STORE_MAX_CONNS")) {
     env_u64("NCFSM_STORE_MAX_CONNS", &v);
@@ -1285,6 +1303,7 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   DFLT(out_high);
   DFLT(out_max);
   DFLT(out_stall_ms);
+  DFLT(max_out);
   DFLT(max_parked);
   DFLT(auth_fail_burst);
   DFLT(auth_fail_per_s);
@@ -1355,6 +1374,7 @@ void ncfsm__store_stats_get(const ncfsm__store *s, ncfsm__store_stats *st) {
   *st = s->st;
   st->bytes = s->bytes;
   st->inflight = s->inflight;
+  st->out_queued = s->out_queued;
 }
 
 void ncfsm__store_close(ncfsm__store *s) {

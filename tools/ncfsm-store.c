@@ -41,6 +41,7 @@ static void usage(FILE *f) {
              "  --out-high BYTES       stop reading a client with more replies queued (4 MiB)\n"
              "  --out-max BYTES        close a client with more replies queued (256 MiB)\n"
              "  --out-stall-ms MS      close a client that read no reply for this long (60000)\n"
+             "  --max-out BYTES        all clients' queued replies: stop reading past it (256 MiB)\n"
              "  --max-conns N          refuse connections past N (open-file limit - 64)\n"
              "  --max-parked N         parked requests per connection (4096)\n"
              "  --auth-fail-burst N    failed HELLOs per address before throttling (10)\n"
@@ -76,6 +77,7 @@ static const num_flag num_flags[] = {
     {"--auth-timeout-ms", 0, 86400000ull}, {"--frame-timeout-ms", 0, 86400000ull},
     {"--max-inflight", 1, UINT64_MAX},     {"--out-high", 1, UINT64_MAX},
     {"--out-max", 1, UINT64_MAX},          {"--out-stall-ms", 0, 86400000ull},
+    {"--max-out", 1, UINT64_MAX},
     {"--max-conns", 0, 1u << 30},          {"--max-parked", 0, UINT32_MAX},
     {"--auth-fail-burst", 0, UINT32_MAX},  {"--auth-fail-per-s", 0, UINT32_MAX},
 };
@@ -87,6 +89,7 @@ static void set_num(ncfsm__store_opts *o, const char *name, unsigned long long x
   else if (!strcmp(name, "--out-high")) o->out_high = x;
   else if (!strcmp(name, "--out-max")) o->out_max = x;
   else if (!strcmp(name, "--out-stall-ms")) o->out_stall_ms = x;
+  else if (!strcmp(name, "--max-out")) o->max_out = x;
   else if (!strcmp(name, "--max-conns")) o->max_conns = (int)x;
   else if (!strcmp(name, "--max-parked")) o->max_parked = (uint32_t)x;
   else if (!strcmp(name, "--auth-fail-burst")) o->auth_fail_burst = (uint32_t)x;
@@ -180,7 +183,7 @@ int main(int argc, char **argv) {
           "frames, %llu frames; %llu refused busy, %llu throttled, %llu slow frames, %llu unread "
           "replies, %llu over the input budget, %llu over max parked, %llu ranks gone, %llu rank "
           "conflicts, %llu rejoins refused, %llu allgathers failed; peak %llu bytes held, %llu "
-          "inflight\n",
+          "inflight, %llu queued out\n",
           (unsigned long long)st.accepted, (unsigned long long)st.authenticated,
           (unsigned long long)st.rejected_token, (unsigned long long)st.closed_bad_frame,
           (unsigned long long)st.frames, (unsigned long long)st.refused_busy,
@@ -189,7 +192,7 @@ int main(int argc, char **argv) {
           (unsigned long long)st.closed_parked, (unsigned long long)st.ranks_gone,
           (unsigned long long)st.rank_conflicts, (unsigned long long)st.rejoin_refused,
           (unsigned long long)st.gathers_failed, (unsigned long long)st.peak_bytes,
-          (unsigned long long)st.peak_inflight);
+          (unsigned long long)st.peak_inflight, (unsigned long long)st.peak_out);
   ncfsm__store_close(s);
   event_free(sint);
   event_free(sterm);
