@@ -34,7 +34,7 @@ typedef struct ncfsm__store_opts {
                                 replies queued is not read until they drain; 256 MiB */
   int max_conns;             /* refuse ("store busy") past this many; default the open-file limit
                                 minus 64 */
-  uint32_t max_parked;       /* parked GET/WAIT/GATHER requests per connection; 4096 */
+  uint32_t max_parked;       /* parked GET/WAIT/GATHER requests per connection; 1024 */
   int rejoin;                /* a rank whose connection ended may HELLO again (default 0: no) */
   uint32_t auth_fail_burst;  /* failed HELLOs per peer address before throttling; 10 */
   uint32_t auth_fail_per_s;  /* then this many per second (refused: "throttled"); 2 */

@@ -724,6 +724,12 @@ static const char *handle_hello(struct sconn *c, const ncfsm__frame *f, char *bu
       }
       free(slot->why);
       slot->why = NULL;
+      /* the rejoined rank restarts at allgather #0: forget the failed ones */
+      for (size_t i = 0; i < s->nb; i++)
+        for (struct entry *e = s->tab[i], *next; e; e = next) {
+          next = e->hnext;
+          if (e->failed && LIST_EMPTY(&e->waiters)) entry_delete(s, e);
+        }
       if (--s->n_gone && s->first_gone == rank)
         for (uint32_t r = 0; r < s->job_size; r++)
           if (s->ranks[r].state == RS_GONE) {
@@ -1216,7 +1222,7 @@ void ncfsm__store_opts_init(ncfsm__store_opts *o) {
   o->out_stall_ms = 60000;
   o->max_out = 256ull << 20;
   o->max_conns = 0; /* the open-file limit minus 64, at open */
-  o->max_parked = 4096;
+  o->max_parked = 1024;
   o->rejoin = 0;
   o->auth_fail_burst = 10;
   o->auth_fail_per_s = 2;

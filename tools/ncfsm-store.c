@@ -43,7 +43,7 @@ static void usage(FILE *f) {
              "  --out-stall-ms MS      close a client that read no reply for this long (60000)\n"
              "  --max-out BYTES        all clients' queued replies: stop reading past it (256 MiB)\n"
              "  --max-conns N          refuse connections past N (open-file limit - 64)\n"
-             "  --max-parked N         parked requests per connection (4096)\n"
+             "  --max-parked N         parked requests per connection (1024)\n"
              "  --auth-fail-burst N    failed HELLOs per address before throttling (10)\n"
              "  --auth-fail-per-s N    then this many per second (2)\n"
              "  --rejoin               a rank whose connection ended may connect again\n");

@@ -439,6 +439,74 @@ static void test_bad_frames_close_only_that_connection(void **state) {
   assert_int_equal(bad, (int)st.st.closed_bad_frame);
 }
 
+/* ---- ranks: HELLO rank and size, GATHER identity --------------------------------- */
+
+static uint8_t raw_hello_rank(int fd, uint32_t rank, uint32_t size, char *msg, size_t cap) {
+  uint8_t v[8];
+  ncfsm__wr32(v, rank);
+  ncfsm__wr32(v + 4, size);
+  raw_frame(fd, NCFSM__F_HELLO, 0, TOKEN, v, 8);
+  uint32_t id, vlen;
+  return raw_reply(fd, &id, msg, cap, &vlen);
+}
+
+static void raw_gather(int fd, uint32_t id, const char *key, uint32_t rank, uint32_t size) {
+  uint8_t v[12];
+  ncfsm__wr32(v, rank);
+  ncfsm__wr32(v + 4, size);
+  memcpy(v + 8, "abcd", 4);
+  raw_frame(fd, NCFSM__F_GATHER, id, key, v, sizeof v);
+}
+
+static void test_rank_rules(void **state) {
+  (void)state;
+  store_thread st;
+  store_start(&st, 0);
+  char msg[512];
+  uint32_t id, vlen;
+  /* a rank not below its size */
+  int fd = raw_connect(st.port);
+  assert_int_equal(NCFSM__F_ERR, raw_hello_rank(fd, 3, 2, msg, sizeof msg));
+  assert_non_null(strstr(msg, "not below its size"));
+  close(fd);
+  /* rank 0 of 2 fixes the job's size; rank 1 of 3 is refused naming both */
+  int r0 = raw_connect(st.port);
+  assert_int_equal(NCFSM__F_OK, raw_hello_rank(r0, 0, 2, msg, sizeof msg));
+  fd = raw_connect(st.port);
+  assert_int_equal(NCFSM__F_ERR, raw_hello_rank(fd, 1, 3, msg, sizeof msg));
+  assert_non_null(strstr(msg, "says the job has 3 ranks, the store's job has 2"));
+  close(fd);
+  /* a connection without a rank may not GATHER (refused, not closed) */
+  int anon = raw_connect(st.port);
+  raw_hello(anon, TOKEN);
+  raw_gather(anon, 7, "ag/0", 0, 2);
+  assert_int_equal(NCFSM__F_ERR, raw_reply(anon, &id, msg, sizeof msg, &vlen));
+  assert_int_equal(7, id);
+  assert_non_null(strstr(msg, "needs a ranked connection"));
+  /* a GATHER for another rank closes the connection of rank 0 ... */
+  raw_gather(r0, 8, "ag/0", 1, 2);
+  expect_closed(r0, "GATHER as rank 1 on the connection of rank 0");
+  /* ... and rank 0 is gone: rank 1's allgathers fail at once, naming it */
+  int r1 = raw_connect(st.port);
+  assert_int_equal(NCFSM__F_OK, raw_hello_rank(r1, 1, 2, msg, sizeof msg));
+  raw_gather(r1, 9, "ag/0", 1, 2);
+  assert_int_equal(NCFSM__F_ERR, raw_reply(r1, &id, msg, sizeof msg, &vlen));
+  assert_int_equal(9, id);
+  assert_non_null(strstr(msg, "rank 0 ("));
+  assert_non_null(strstr(msg, "disconnected"));
+  /* and cannot come back (rejoin is off) */
+  fd = raw_connect(st.port);
+  assert_int_equal(NCFSM__F_ERR, raw_hello_rank(fd, 0, 2, msg, sizeof msg));
+  assert_non_null(strstr(msg, "cannot rejoin"));
+  close(fd);
+  close(anon);
+  close(r1);
+  store_stop(&st);
+  assert_true(st.st.ranks_gone >= 1); /* rank 0; rank 1 too if its close was seen before the stop */
+  assert_int_equal(1, (int)st.st.rejoin_refused);
+  assert_int_equal(0, (int)st.st.rank_conflicts);
+}
+
 /* ---- failures --------------------------------------------------------------- */
 
 static void kill_cb(evutil_socket_t fd, short what, void *arg) {
@@ -553,6 +621,7 @@ int main(void) {
       BT_TEST(test_wrong_token),
       BT_TEST(test_missing_token_rejected_at_open),
       BT_TEST(test_bad_frames_close_only_that_connection),
+      BT_TEST(test_rank_rules),
       BT_TEST(test_unreachable_store_times_out),
       BT_TEST(test_env_selects_tcp),
   };
