@@ -70,7 +70,7 @@ struct sim_unit;
 typedef uint64_t shm_off;
 
 #define SIM_SHM_MAGIC 0x4d485353u /* "SSHM" */
-#define SIM_SHM_VERSION 3u
+#define SIM_SHM_VERSION 4u
 #define SIM_SHM_PREFIX "ncfsm-sim-"
 #define SIM_SHM_NAME_MAX 64
 
@@ -114,9 +114,25 @@ typedef struct shm_op {
   uint64_t done_seq;    /* order of execution: owners copy results back in this order (R12) */
 } shm_op;
 
+/* One split, shrink or grow call of one rank on a parent clique, as its
+ * peers see it (docs/sim.md "Split, shrink, grow and dead ranks"). A rank's
+ * n-th call of a kind sits in slot n % 2: the rendezvous of call n reads
+ * every rank's slot, and a rank cannot make call n + 2 before every rank made
+ * call n + 1, which each makes only after its call n completed. */
+typedef struct shm_xrec {
+  uint64_t seq;           /* 1 + n: call n of its kind was made (0: slot unused) */
+  int32_t a, b;           /* split: color, key; grow: new nranks, 1 when it passed the id */
+  uint64_t hash;          /* shrink: the exclude list's hash (every survivor must agree) */
+  unsigned char key[SIM_ID_KEY_LEN]; /* grow: the new clique's key (when it passed the id) */
+} shm_xrec;
+
+enum { SIM_X_SPLIT = 0, SIM_X_SHRINK = 1, SIM_X_GROW = 2, SIM_X_KINDS = 3 };
+
 typedef struct shm_rank {
   int32_t used, live, dead, pid;
   shm_off head, tail;   /* posted ops not yet collected */
+  uint64_t xn[SIM_X_KINDS];       /* split/shrink/grow calls published by this rank */
+  shm_xrec x[SIM_X_KINDS][2];     /* call n of kind k in x[k][n % 2] */
 } shm_rank;
 
 /* The commit record of one executing instance (sim_exec.c): written, then
@@ -147,7 +163,8 @@ typedef struct shm_hdr {
   uint32_t jcap;        /* its capacity in ops: max(nranks, 2) */
   uint32_t recoveries;  /* times a lock holder's death was repaired */
   uint32_t mismatch;    /* SIM_MISMATCH_*: how R11 mismatches execute */
-  uint32_t pad;
+  uint32_t grow_used_n; /* grow ids consumed on this clique (single-use), the last ones below */
+  unsigned char grow_used[4][SIM_ID_KEY_LEN];
   pthread_mutex_t mu;   /* PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST */
   shm_rank rank[];      /* nranks */
 } shm_hdr;
@@ -191,8 +208,29 @@ typedef enum sim_phase {
   SIM_PH_INIT,     /* init_polls and all ranks present (R1) */
   SIM_PH_LAUNCH,   /* launch_polls, then the staged unit is posted (R1, R2) */
   SIM_PH_FINALIZE, /* finalize_polls and every posted op done (R4) */
-  SIM_PH_REVOKE    /* revoke_polls (R6) */
+  SIM_PH_REVOKE,   /* revoke_polls (R6) */
+  SIM_PH_XCOMM     /* split_polls and every member's call: split, shrink or grow (R7, R8) */
 } sim_phase;
+
+/* A split, shrink or grow made on a parent comm, until its child is written. */
+typedef struct sim_xop {
+  int kind;             /* SIM_X_* */
+  uint64_t n;           /* this rank's call number of its kind (shm_rank.xn before the call) */
+  int published;        /* its record is in the parent's segment (a dead rank's never is) */
+  int color, key;       /* split */
+  int *exclude, nexclude, flags; /* shrink (exclude sorted) */
+  uint64_t hash;        /* shrink: of the exclude list */
+  int grow_nranks;      /* grow: the new size */
+  int has_id;           /* grow: this rank passed the unique id */
+  unsigned char grow_key[SIM_ID_KEY_LEN]; /* grow: the new clique (from the id, or its holder's record) */
+  int done, final;      /* blocking parent: the rendezvous ended, with this result */
+  struct sim_comm *child; /* made (blocking parent: its init is waited for) */
+  void **child_out;     /* where the child is written (R8: when the parent polls to success) */
+  int blocking, device; /* the child's configuration */
+  ncfsm_sim_opts o;
+  char name[64];
+  int in_group;         /* armed (nonblocking) or waited for (blocking) at the outermost group end */
+} sim_xop;
 
 typedef struct sim_clique sim_clique;
 struct sim_comm;
@@ -223,6 +261,8 @@ typedef struct sim_comm {
   int revoked;      /* revoke issued (R6) */
   int zombie;       /* destroyed/aborted while in an open group; freed at its end */
   int peer_dead_seen; /* the dead-peer error was set (once) */
+  int shrink_aborted; /* shrunk with NCFSM__SHRINK_ABORT: only poll and abort are allowed (R7) */
+  sim_xop *xop;      /* a split/shrink/grow in progress on it as the parent */
 
   /* Membership in the calling thread's open group (R3). */
   int in_group;

@@ -39,6 +39,7 @@ enum {
 
 #define R2_WARN "Attempt to use communicator before the previous operation returned ncclSuccess"
 #define MIX_WARN "Blocking and nonblocking communicators are not allowed in the same group."
+#define SHRUNK_WARN "communicator was shrunk with NCCL_SHRINK_ABORT; only ncclCommGetAsyncError and ncclCommAbort are allowed on it now (R7)"
 
 pthread_mutex_t ncfsm__sim_mu = PTHREAD_MUTEX_INITIALIZER;
 sim_clique *ncfsm__sim_cliques;
@@ -156,16 +157,25 @@ void ncfsm_sim_opts_init(ncfsm_sim_opts *o) {
   o->never_arrive = 0;
   o->shuffle_seed = (uint64_t)ncfsm__env_ll("NCFSM_SIM_SEED", 1);
   o->has_revoke = 1;
+  o->split_polls = (int)ncfsm__env_ll("NCFSM_SIM_SPLIT_POLLS", 2);
+  o->has_grow = ncfsm__env_ll("NCFSM_SIM_NCCL_VERSION", 22809) >= 22900; /* ncclCommGrow: 2.29 */
+  o->dead = 0;
 }
 
 /* The modelled NCCL version, process-wide (NCFSM_SIM_NCCL_VERSION, default 2.28.9). */
 static int sim_version(void) { return (int)ncfsm__env_ll("NCFSM_SIM_NCCL_VERSION", 22809); }
 
 static unsigned sim_features(void) {
-  unsigned f = NCFSM__HAS_ALLTOALL | NCFSM__HAS_GATHER | NCFSM__HAS_SCATTER;
-  if (sim_version() >= 22807) f |= NCFSM__HAS_REVOKE; /* R6 */
+  int v = sim_version();
+  unsigned f = NCFSM__HAS_ALLTOALL | NCFSM__HAS_GATHER | NCFSM__HAS_SCATTER | NCFSM__HAS_SPLIT;
+  if (v >= 22807) f |= NCFSM__HAS_REVOKE; /* R6 */
+  if (v >= 22703) f |= NCFSM__HAS_SHRINK; /* R7 */
+  if (v >= 22900) f |= NCFSM__HAS_GROW;   /* ncclCommGrow, ncclCommGetUniqueId */
   return f;
 }
+
+/* ncclCommGrow for a comm with these options: NCCL 2.29, or has_grow. */
+static int grow_ok(const ncfsm_sim_opts *o) { return sim_version() >= 22900 || (o && o->has_grow); }
 
 static int sim_open(char *why, size_t why_len) {
   if (why && why_len) why[0] = '\0';
@@ -173,12 +183,6 @@ static int sim_open(char *why, size_t why_len) {
 }
 
 /* ---- cliques ---------------------------------------------------------------- */
-
-static sim_clique *clique_find(const ncfsm_unique_id *id) {
-  for (sim_clique *q = ncfsm__sim_cliques; q; q = q->next)
-    if (!memcmp(q->key, id->internal, SIM_ID_KEY_LEN)) return q;
-  return NULL;
-}
 
 /* Ranks that ever joined the clique, in any process. */
 static int clique_joined(sim_clique *q) {
@@ -246,11 +250,16 @@ static unsigned sim_comm_features(void *bcomm) {
   sim_comm *c = comm_of(bcomm);
   unsigned f = sim_features();
   if (c && !c->o.has_revoke) f &= ~(unsigned)NCFSM__HAS_REVOKE;
+  if (c && grow_ok(&c->o)) f |= NCFSM__HAS_GROW;
   UNLOCK();
   return f;
 }
 
 static void lg_leave(sim_comm *c);
+static int xop_ready(sim_comm *c);
+static int xop_finish(sim_comm *c);
+static void xop_free(sim_xop *x);
+static int wait_blocking_xops(sim_comm *list);
 
 /* Drop every op not executed yet: posted ops complete on their streams with
  * no data, so the streams drain (R5); unposted ops are discarded. */
@@ -269,6 +278,7 @@ static void comm_drop_ops(sim_comm *c) {
 
 static void comm_free(sim_comm *c) {
   c->magic = SIM_MAGIC_DEAD;
+  xop_free(c->xop);
   free(c->nsend);
   free(c->nrecv);
   free(c);
@@ -341,7 +351,7 @@ static void comm_post(sim_comm *c, sim_unit *u) {
     case NCFSM_KIND_RECV: o->idx = c->nrecv[o->a.peer]++; break;
     default: o->idx = c->ncoll++; break;
     }
-    if (c->o.never_arrive) {
+    if (c->o.never_arrive || c->o.dead) {
       o->invisible = 1; /* fault injection: peers never see this rank's ops (hang) */
     } else if (c->o.async_error_at_op >= 0 && o->seq == (uint64_t)c->o.async_error_at_op) {
       o->dead = 1; /* R10: the op hit by an async error never completes */
@@ -444,7 +454,7 @@ static int launch_post(sim_comm *c) {
 
 /* The InProgress phase ends with `final` (R2 poisoning applied). */
 static void phase_end(sim_comm *c, int final) {
-  static const char *const phase_names[] = {"none", "init", "launch", "finalize", "revoke"};
+  static const char *const phase_names[] = {"none", "init", "launch", "finalize", "revoke", "split/shrink/grow"};
   NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d %s done%s", c->rank, phase_names[c->phase],
              c->poisoned ? " (poisoned, R2)" : "");
   c->phase = SIM_PH_NONE;
@@ -495,6 +505,14 @@ static void comm_tick(sim_comm *c) {
     break;
   }
   case SIM_PH_REVOKE: final = c->revoke_prev; break;
+  case SIM_PH_XCOMM: { /* R7, R8: every member called; the child is made and written now */
+    int r = xop_ready(c);
+    if (r == 0) return;
+    final = r > 0 ? xop_finish(c) : -r;
+    xop_free(c->xop);
+    c->xop = NULL;
+    break;
+  }
   default: break;
   }
   phase_end(c, final);
@@ -660,7 +678,7 @@ static int launch_stage(sim_comm *list, int nstaged) {
 /* The outermost ncclGroupEnd (explicit, or the implicit group of a single
  * call): launches the group, or on a stored error discards it. */
 static int group_finish(void) {
-  int rc = g_err, any_ip = 0, any_blocking_init = 0, nblocking = 0, nstaged = 0;
+  int rc = g_err, any_ip = 0, any_blocking_init = 0, any_blocking_x = 0, nblocking = 0, nstaged = 0;
   sim_comm *list = g_head;
   uint64_t ns = g_nstarts, ne = g_nends;
   g_head = NULL; /* reset first: blocking waits below drop the lock */
@@ -681,6 +699,12 @@ static int group_finish(void) {
         c->phase = SIM_PH_NONE;
         c->state = rc;
       }
+      if (c->xop && c->xop->in_group) { /* the split/shrink/grow is not made on this rank */
+        xop_free(c->xop);
+        c->xop = NULL;
+        c->phase = SIM_PH_NONE;
+        c->state = OK;
+      }
       if (c->arg_err) comm_poison(c);
       c->arg_err = 0;
       continue;
@@ -691,6 +715,15 @@ static int group_finish(void) {
         any_blocking_init = 1;
       } else { /* R1: init runs now, polls count down */
         c->init_in_group = 0;
+        c->armed = 1;
+        any_ip = 1;
+      }
+    }
+    if (c->xop && c->xop->in_group) {
+      c->xop->in_group = 0;
+      if (c->blocking) {
+        any_blocking_x = 1;
+      } else { /* R1, R8: the parent polls split_polls times, then until every member called */
         c->armed = 1;
         any_ip = 1;
       }
@@ -716,6 +749,10 @@ static int group_finish(void) {
     }
   }
   if (!rc && any_blocking_init) rc = wait_blocking_inits(list);
+  if (any_blocking_x) {
+    int xrc = wait_blocking_xops(list);
+    if (!rc) rc = xrc;
+  }
   if (nblocking) {
     int brc = wait_blocking_launches(list);
     if (!rc) rc = brc;
@@ -769,30 +806,32 @@ static int implicit_end(int implicit) {
 
 /* ---- init ------------------------------------------------------------------------ */
 
-static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, int rank,
-                       const ncfsm__comm_config *cfg) {
-  sim_clique *q = clique_find(id);
+static sim_clique *clique_find_key(const unsigned char *key) {
+  for (sim_clique *q = ncfsm__sim_cliques; q; q = q->next)
+    if (!memcmp(q->key, key, SIM_ID_KEY_LEN)) return q;
+  return NULL;
+}
+
+/* Make rank `rank` of the clique `key`: attach to (or create) its segment and
+ * join its membership. The new comm is InProgress in its init phase (not
+ * armed). The caller checked the arguments (rank in range) and the group
+ * mode; `call` names the NCCL call in WARNs. */
+static int comm_make(sim_comm **out, int nranks, const unsigned char *key, int rank, int blocking,
+                     int device, const ncfsm_sim_opts *so, const char *name, const char *call) {
+  sim_clique *q = clique_find_key(key);
   if (q && q->nranks != nranks) {
-    ncfsm__sim_warn("ncclCommInitRank: nranks %d differs from %d of the ranks already joined (sim)",
-                    nranks, q->nranks);
+    ncfsm__sim_warn("%s: nranks %d differs from %d of the ranks already joined (sim)", call, nranks,
+                    q->nranks);
     return E_ARG;
   }
   if (q && q->slot[rank]) {
-    sim_comm *o = q->slot[rank];
-    if (o->state == IN_PROGRESS) { /* R2: init again while the first is in progress */
-      ncfsm__sim_warn(R2_WARN);
-      group_fail(o, E_ARG);
-    } else {
-      ncfsm__sim_warn("ncclCommInitRank: rank %d already joined this clique (sim)", rank);
-    }
+    ncfsm__sim_warn("%s: rank %d already joined this clique (sim)", call, rank);
     return E_ARG;
   }
-  int blocking = cfg->blocking ? 1 : 0;
-  if (group_mode_check(blocking)) return E_ARG; /* R3, and the R4 cascade */
   pthread_once(&g_atfork_once, atfork_register);
 
   ncfsm_sim_opts o;
-  if (cfg->sim) o = *cfg->sim;
+  if (so) o = *so;
   else ncfsm_sim_opts_init(&o);
 
   sim_comm *c = calloc(1, sizeof *c);
@@ -806,23 +845,23 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
       free(c->nrecv);
       free(c);
     }
-    ncfsm__sim_warn("ncclCommInitRank: out of memory");
+    ncfsm__sim_warn("%s: out of memory", call);
     return E_SYSTEM;
   }
   int fresh = 0, rc = OK;
   if (!q) { /* this process's first rank of the clique: attach to (or create) the segment */
-    rc = ncfsm__sim_shm_attach((const unsigned char *)id->internal, nranks, o.shuffle_seed, &q);
+    rc = ncfsm__sim_shm_attach(key, nranks, o.shuffle_seed, &q);
     fresh = rc == OK;
   }
   if (rc == OK && ncfsm__sim_shm_lock(q)) rc = E_SYSTEM;
   if (rc == OK) {
     shm_hdr *h = q->h;
     if (h->nranks != nranks) {
-      ncfsm__sim_warn("ncclCommInitRank: nranks %d differs from %d of the ranks already joined (sim)",
-                      nranks, h->nranks);
+      ncfsm__sim_warn("%s: nranks %d differs from %d of the ranks already joined (sim)", call, nranks,
+                      h->nranks);
       rc = E_ARG;
     } else if (h->rank[rank].used) {
-      ncfsm__sim_warn("ncclCommInitRank: rank %d already joined this clique (sim, pid %d)", rank,
+      ncfsm__sim_warn("%s: rank %d already joined this clique (sim, pid %d)", call, rank,
                       (int)h->rank[rank].pid);
       rc = E_ARG;
     } else {
@@ -845,13 +884,13 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
   c->q = q;
   c->rank = rank;
   c->nranks = nranks;
-  c->blocking = blocking;
-  c->device = cfg->device;
+  c->blocking = blocking ? 1 : 0;
+  c->device = device;
   c->o = o;
   c->drift_limit = ncfsm__env_ll("NCFSM_SIM_DRIFT_LIMIT", 1022); /* R13 */
   c->pid = (int)getpid();
   c->fork_gen = ncfsm__sim_fork_gen;
-  snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "");
+  snprintf(c->name, sizeof c->name, "%s", name ? name : "");
   c->state = IN_PROGRESS;
   c->phase = SIM_PH_INIT;
   c->countdown = o.init_polls;
@@ -859,6 +898,20 @@ static int comm_create(sim_comm **out, int nranks, const ncfsm_unique_id *id, in
   q->nlocal++;
   *out = c;
   return OK;
+}
+
+static int comm_create(sim_comm **out, int nranks, const unsigned char *key, int rank,
+                       const ncfsm__comm_config *cfg, const char *call) {
+  sim_clique *q = clique_find_key(key);
+  if (q && q->nranks == nranks && q->slot[rank] && q->slot[rank]->state == IN_PROGRESS) {
+    ncfsm__sim_warn(R2_WARN); /* R2: init again while the first is in progress */
+    group_fail(q->slot[rank], E_ARG);
+    return E_ARG;
+  }
+  int blocking = cfg->blocking ? 1 : 0;
+  if ((!q || (q->nranks == nranks && !q->slot[rank])) && group_mode_check(blocking))
+    return E_ARG; /* R3, and the R4 cascade */
+  return comm_make(out, nranks, key, rank, blocking, cfg->device, cfg->sim, cfg->name, call);
 }
 
 static int sim_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, int rank,
@@ -877,7 +930,7 @@ static int sim_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, in
     ncfsm__sim_warn("ncclCommInitRank: unique id was not made by the sim's get_unique_id");
     rc = E_ARG;
   } else {
-    rc = comm_create(&c, nranks, id, rank, cfg);
+    rc = comm_create(&c, nranks, (const unsigned char *)id->internal, rank, cfg, "ncclCommInitRank");
   }
   if (rc) {
     group_fail(NULL, rc);
@@ -896,6 +949,720 @@ static int sim_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, in
     else rc = OK; /* measured on 2.28.3/2.28.9: inside a group the init call returns ncclSuccess;
                      the outermost group end returns InProgress (docs/conformance.md, row init) */
   }
+  UNLOCK();
+  return rc;
+}
+
+/* ---- split, shrink, grow (R7, R8; ncclCommGrow: NCCL 2.29) ----------------------------
+ * docs/sim.md "Split, shrink, grow and dead ranks". A call publishes this
+ * rank's record (color and key, exclude list, grow size and id) in the
+ * parent clique's segment and puts the parent InProgress (nonblocking: for
+ * split_polls polls, then until every member published its record; blocking:
+ * the call waits). When the rendezvous is complete, each member computes its
+ * child from the records alone (same in every process): the child's clique
+ * key is derived from the parent's key, the kind, the per-kind call number and
+ * the color (split) or the exclude list (shrink), or comes from the grow id.
+ * The child is then made as an init of that clique, written to *child (R8: a
+ * nonblocking parent's child only once the parent polls to success) and
+ * polls its own init. */
+
+static const char *const x_call[SIM_X_KINDS] = {"ncclCommSplit", "ncclCommShrink", "ncclCommGrow"};
+
+/* A grow id: [0,16) the new clique's key, [16,24) SIM_ID_TAG, [24,28) "GROW",
+ * [28,44) the parent clique's key, [44,48) the parent's nranks (int32). */
+#define GROW_TAG "GROW"
+#define GROW_TAG_OFF (SIM_ID_KEY_LEN + SIM_ID_TAG_LEN)
+#define GROW_PARENT_OFF (GROW_TAG_OFF + 4)
+#define GROW_NRANKS_OFF (GROW_PARENT_OFF + SIM_ID_KEY_LEN)
+
+static int is_grow_id(const ncfsm_unique_id *id) {
+  return !memcmp(id->internal + SIM_ID_KEY_LEN, SIM_ID_TAG, SIM_ID_TAG_LEN) &&
+         !memcmp(id->internal + GROW_TAG_OFF, GROW_TAG, 4);
+}
+
+static int grow_id_nranks(const ncfsm_unique_id *id) {
+  int32_t n;
+  memcpy(&n, id->internal + GROW_NRANKS_OFF, sizeof n);
+  return (int)n;
+}
+
+/* Grow cliques this process had a rank of (a ring): a joiner that arrives
+ * once such a clique is gone here is refused (ids are single-use). */
+static unsigned char g_grow_done[64][SIM_ID_KEY_LEN];
+static unsigned g_grow_done_n;
+
+static int grow_done_local(const unsigned char *key) {
+  unsigned n = g_grow_done_n < 64 ? g_grow_done_n : 64;
+  for (unsigned i = 0; i < n; i++)
+    if (!memcmp(g_grow_done[i], key, SIM_ID_KEY_LEN)) return 1;
+  return 0;
+}
+
+static void grow_done_mark(const unsigned char *key) {
+  if (grow_done_local(key)) return;
+  memcpy(g_grow_done[g_grow_done_n % 64], key, SIM_ID_KEY_LEN);
+  g_grow_done_n++;
+}
+
+static int random_key(unsigned char *key) {
+  size_t got = 0;
+  while (got < SIM_ID_KEY_LEN) {
+    ssize_t r = getrandom(key + got, SIM_ID_KEY_LEN - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+static uint64_t mix64(uint64_t z) { /* splitmix64's finalizer */
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* The child clique's key, from what every member knows alike. */
+static void derive_key(const unsigned char *parent, int tag, uint64_t n, uint64_t v, unsigned char *out) {
+  uint64_t a, b;
+  memcpy(&a, parent, 8);
+  memcpy(&b, parent + 8, 8);
+  uint64_t s = mix64(mix64((uint64_t)tag) ^ mix64(n) ^ mix64(v ^ 0x5bd1e995ull));
+  uint64_t k0 = mix64(a ^ s), k1 = mix64(b ^ mix64(s ^ k0));
+  memcpy(out, &k0, 8);
+  memcpy(out + 8, &k1, 8);
+}
+
+static void xop_free(sim_xop *x) {
+  if (!x) return;
+  free(x->exclude);
+  free(x);
+}
+
+static int excluded(const sim_xop *x, int r) {
+  for (int i = 0; i < x->nexclude; i++)
+    if (x->exclude[i] == r) return 1;
+  return 0;
+}
+
+static int grow_used_shared(sim_comm *c, const unsigned char *key) {
+  if (!c->q || ncfsm__sim_shm_lock(c->q)) return 0;
+  shm_hdr *h = c->q->h;
+  int used = 0;
+  unsigned n = h->grow_used_n < 4 ? h->grow_used_n : 4;
+  for (unsigned i = 0; i < n; i++) used |= !memcmp(h->grow_used[i], key, SIM_ID_KEY_LEN);
+  ncfsm__sim_shm_unlock(c->q);
+  return used;
+}
+
+/* The parent may be split, shrunk or grown now (R2, R6, R7, R8); else the
+ * WARN and the code NCCL (or the sim, naming the rule) rejects it with. */
+static int xcomm_admit(sim_comm *c, int kind, int flags) {
+  const char *call = x_call[kind];
+  int abort = kind == SIM_X_SHRINK && (flags & NCFSM__SHRINK_ABORT);
+  if (comm_foreign(c)) return foreign_reject(c, call);
+  if (c->state == IN_PROGRESS) {
+    ncfsm__sim_warn(R2_WARN); /* R2 */
+    return E_ARG;
+  }
+  if (c->shrink_aborted) {
+    ncfsm__sim_warn("%s: " SHRUNK_WARN, call);
+    return E_USAGE;
+  }
+  if (kind == SIM_X_SHRINK && sim_version() < 22703) {
+    ncfsm__sim_warn("ncclCommShrink not available (NCCL %d, needs >= 2.27.3) (R7)", sim_version());
+    return E_USAGE;
+  }
+  if (kind == SIM_X_GROW && !grow_ok(&c->o)) {
+    ncfsm__sim_warn("ncclCommGrow needs NCCL 2.29 (modelled %d, ncfsm_sim_opts.has_grow = 0)", sim_version());
+    return E_USAGE;
+  }
+  if (c->xop) {
+    ncfsm__sim_warn("%s: a split, shrink or grow of this communicator is already pending in this group "
+                    "(sim)", call);
+    return E_USAGE;
+  }
+  if (c->finalized) {
+    ncfsm__sim_warn("%s: communicator was finalized (sim)", call);
+    return E_USAGE;
+  }
+  if (c->revoked) {
+    if (kind == SIM_X_SHRINK) return OK; /* R6: its work was stopped; shrink (either mode) is the way on */
+    ncfsm__sim_warn("%s: communicator was revoked: only ncclCommShrink, ncclCommDestroy and ncclCommAbort "
+                    "are allowed on it (sim; R6, R8: %s needs a healthy parent)", call, call);
+    return E_USAGE;
+  }
+  if (c->state != OK) {
+    if (abort) return OK; /* R7: the recovery path */
+    ncfsm__sim_warn("%s: the parent communicator is in error state %s; %s", call, res_name(c->state),
+                    kind == SIM_X_SHRINK ? "shrink it with NCCL_SHRINK_ABORT (R7)"
+                                         : "it needs a healthy parent: shrink it with NCCL_SHRINK_ABORT, or "
+                                           "abort it (R7, R8)");
+    return E_USAGE;
+  }
+  if (abort) return OK; /* its outstanding work is terminated */
+  ncfsm__sim_progress(); /* collect what executed */
+  uint64_t n = c->outstanding + (c->pending ? c->pending->n : 0) + (c->staged ? c->staged->n : 0);
+  if (n || unfinished(c)) {
+    ncfsm__sim_warn("%s: the parent communicator has %llu operation(s) outstanding; NCCL needs a parent "
+                    "with no outstanding work (%s)", call, (unsigned long long)n,
+                    kind == SIM_X_SHRINK ? "R7: wait for them, or shrink with NCCL_SHRINK_ABORT"
+                    : kind == SIM_X_SPLIT ? "R8: wait for them first"
+                                          : "wait for them first");
+    return E_USAGE;
+  }
+  return OK;
+}
+
+static sim_xop *xop_new(const sim_comm *c, int kind, void **child, const ncfsm__comm_config *cfg) {
+  sim_xop *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->kind = kind;
+  x->child_out = child;
+  x->blocking = cfg->blocking ? 1 : 0;
+  x->device = cfg->device;
+  if (cfg->sim) x->o = *cfg->sim;
+  else ncfsm_sim_opts_init(&x->o);
+  if (c->o.dead) x->o.dead = 1; /* a dead process's children are dead too */
+  snprintf(x->name, sizeof x->name, "%s", cfg->name ? cfg->name : "");
+  return x;
+}
+
+/* Publish this rank's record in the parent's segment (a dead rank's never
+ * reaches its peers) and put the parent in the split/shrink/grow phase,
+ * armed or waited for at the outermost group end. Takes x. */
+static int xop_start(sim_comm *c, sim_xop *x) {
+  sim_clique *q = c->q;
+  if (!q || ncfsm__sim_shm_lock(q)) {
+    xop_free(x);
+    return E_SYSTEM;
+  }
+  shm_hdr *h = q->h;
+  shm_rank *rk = &h->rank[c->rank];
+  x->n = rk->xn[x->kind];
+  if (!c->o.dead) {
+    shm_xrec *r = &rk->x[x->kind][x->n % 2];
+    memset(r, 0, sizeof *r);
+    switch (x->kind) {
+    case SIM_X_SPLIT:
+      r->a = x->color;
+      r->b = x->key;
+      break;
+    case SIM_X_SHRINK: r->hash = x->hash; break;
+    default:
+      r->a = x->grow_nranks;
+      r->b = x->has_id;
+      if (x->has_id) {
+        memcpy(r->key, x->grow_key, SIM_ID_KEY_LEN);
+        memcpy(h->grow_used[h->grow_used_n % 4], x->grow_key, SIM_ID_KEY_LEN); /* single-use */
+        h->grow_used_n++;
+      }
+      break;
+    }
+    r->seq = x->n + 1;
+    rk->xn[x->kind] = x->n + 1;
+    x->published = 1;
+  }
+  ncfsm__sim_shm_unlock(q);
+  c->xop = x;
+  x->in_group = 1;
+  c->phase = SIM_PH_XCOMM;
+  c->state = IN_PROGRESS;
+  c->countdown = c->o.split_polls;
+  c->armed = 0;
+  group_track(c);
+  g_blocking = c->blocking;
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d %s (call %llu)%s", c->rank, x_call[x->kind],
+             (unsigned long long)x->n, x->published ? "" : ": dead rank, never reaches its peers");
+  return OK;
+}
+
+/* 1: every member made this call; 0: not yet; -code: it cannot complete. */
+static int xop_ready(sim_comm *c) {
+  sim_xop *x = c->xop;
+  if (!x) return -E_SYSTEM;
+  if (!x->published) return 0; /* a dead rank: its call never completes */
+  sim_clique *q = c->q;
+  if (!q || ncfsm__sim_shm_lock(q)) return -E_SYSTEM;
+  ncfsm__sim_shm_check_peers(q);
+  shm_hdr *h = q->h;
+  const char *call = x_call[x->kind];
+  int waiting = 0, err = 0, holders = 0;
+  for (int p = 0; p < h->nranks && !err; p++) {
+    if (x->kind == SIM_X_SHRINK && excluded(x, p)) continue;
+    const shm_rank *rk = &h->rank[p];
+    if (rk->xn[x->kind] <= x->n) {
+      if (rk->dead) {
+        ncfsm__sim_warn("sim: rank %d: parent rank %d (pid %d) died before calling %s; it cannot complete "
+                        "(ncclRemoteError; shrink the parent with NCCL_SHRINK_ABORT, excluding it)", c->rank,
+                        p, (int)rk->pid, call);
+        err = E_REMOTE;
+      }
+      waiting = 1;
+      continue;
+    }
+    const shm_xrec *r = &rk->x[x->kind][x->n % 2];
+    if (r->seq != x->n + 1) {
+      ncfsm__sim_warn("%s: rank %d made a different number of %s calls on this communicator than rank %d "
+                      "(sim: every member makes the same sequence of them)", call, p, call, c->rank);
+      err = E_ARG;
+    } else if (x->kind == SIM_X_SHRINK && r->hash != x->hash) {
+      ncfsm__sim_warn("ncclCommShrink: ranks %d and %d passed different exclude lists (R7)", c->rank, p);
+      err = E_ARG;
+    } else if (x->kind == SIM_X_GROW) {
+      if (r->a != x->grow_nranks) {
+        ncfsm__sim_warn("ncclCommGrow: ranks %d and %d passed different nranks (%d, %d)", c->rank, p,
+                        x->grow_nranks, (int)r->a);
+        err = E_ARG;
+      }
+      if (r->b) {
+        holders++;
+        memcpy(x->grow_key, r->key, SIM_ID_KEY_LEN);
+      }
+    }
+  }
+  if (!err && !waiting && x->kind == SIM_X_GROW && holders != 1) {
+    ncfsm__sim_warn("ncclCommGrow: %d existing ranks passed the unique id; exactly one must (the rank that "
+                    "made it with ncclCommGetUniqueId; the others pass NULL)", holders);
+    err = E_ARG;
+  }
+  ncfsm__sim_shm_unlock(q);
+  return err ? -err : !waiting;
+}
+
+/* Every member made the call: make this rank's child (or none) and write it. */
+static int xop_finish(sim_comm *c) {
+  sim_xop *x = c->xop;
+  sim_clique *q = c->q;
+  unsigned char key[SIM_ID_KEY_LEN];
+  int nranks = 0, rank = 0;
+  if (ncfsm__sim_shm_lock(q)) return E_SYSTEM;
+  shm_hdr *h = q->h;
+  switch (x->kind) {
+  case SIM_X_SPLIT:
+    for (int p = 0; p < h->nranks; p++) {
+      const shm_xrec *r = &h->rank[p].x[SIM_X_SPLIT][x->n % 2];
+      if (r->a != x->color) continue;
+      nranks++;
+      if (r->b < x->key || (r->b == x->key && p < c->rank)) rank++; /* by key, then parent rank */
+    }
+    derive_key(q->key, 'S', x->n, (uint64_t)(uint32_t)x->color, key);
+    break;
+  case SIM_X_SHRINK:
+    nranks = h->nranks - x->nexclude;
+    rank = c->rank;
+    for (int i = 0; i < x->nexclude; i++) rank -= x->exclude[i] < c->rank;
+    derive_key(q->key, 'K', x->n, x->hash, key);
+    break;
+  default:
+    nranks = x->grow_nranks;
+    rank = c->rank;
+    memcpy(key, x->grow_key, SIM_ID_KEY_LEN);
+    break;
+  }
+  ncfsm__sim_shm_unlock(q);
+  if (x->kind == SIM_X_SPLIT && x->color == NCFSM__SPLIT_NOCOLOR) {
+    NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d split with NCCL_SPLIT_NOCOLOR: no child", c->rank);
+    return OK; /* *child stays NULL */
+  }
+  sim_comm *child = NULL;
+  int rc = comm_make(&child, nranks, key, rank, x->blocking, x->device, &x->o, x->name, x_call[x->kind]);
+  if (rc) return rc;
+  if (x->kind == SIM_X_GROW) grow_done_mark(key);
+  if (!c->blocking || !child->blocking) child->armed = 1; /* polls its own init (R8) */
+  x->child = child;
+  *x->child_out = child;
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d %s done: child rank %d/%d", c->rank, x_call[x->kind], rank,
+             nranks);
+  return OK;
+}
+
+/* Outermost group end, blocking parents: wait (lock released) until every
+ * member called, make the children, then wait for the blocking children's
+ * inits (every child rank made), at most NCFSM_SIM_WAIT_MS each. */
+static int wait_blocking_xops(sim_comm *list) {
+  uint64_t deadline = ncfsm__now_ns() + (uint64_t)wait_limit_ms() * 1000000ull;
+  for (;;) {
+    int waiting = 0;
+    for (sim_comm *c = list; c; c = c->grp_next) {
+      sim_xop *x = c->xop;
+      if (c->zombie || !c->blocking || !x || x->done || c->phase != SIM_PH_XCOMM) continue;
+      int r = xop_ready(c);
+      if (!r) {
+        waiting = 1;
+        continue;
+      }
+      x->final = r > 0 ? xop_finish(c) : -r;
+      x->done = 1;
+    }
+    if (!waiting) break;
+    if (ncfsm__now_ns() >= deadline) {
+      ncfsm__sim_warn("ncclCommSplit/Shrink/Grow: peers never called within %lld ms (sim, NCFSM_SIM_WAIT_MS)",
+                      wait_limit_ms());
+      for (sim_comm *c = list; c; c = c->grp_next)
+        if (!c->zombie && c->blocking && c->xop && !c->xop->done && c->phase == SIM_PH_XCOMM) {
+          c->xop->done = 1;
+          c->xop->final = E_SYSTEM;
+        }
+      break;
+    }
+    UNLOCK();
+    sleep_1ms();
+    LOCK();
+  }
+  deadline = ncfsm__now_ns() + (uint64_t)wait_limit_ms() * 1000000ull;
+  for (;;) { /* blocking children: ready once every child rank exists (blocking init) */
+    int waiting = 0, late = ncfsm__now_ns() >= deadline;
+    for (sim_comm *c = list; c; c = c->grp_next) {
+      sim_xop *x = c->xop;
+      sim_comm *ch = x ? x->child : NULL;
+      if (c->zombie || !c->blocking || !ch || ch->armed || ch->phase != SIM_PH_INIT) continue;
+      if (ch->q && clique_joined(ch->q) < ch->nranks && !late) {
+        waiting = 1;
+        continue;
+      }
+      ch->phase = SIM_PH_NONE;
+      if (ch->q && clique_joined(ch->q) < ch->nranks) {
+        ncfsm__sim_warn("%s: the child's peers never arrived within %lld ms (sim, NCFSM_SIM_WAIT_MS)",
+                        x_call[x->kind], wait_limit_ms());
+        ch->state = E_SYSTEM;
+      } else if (ch->o.fail_init) {
+        ch->state = ch->o.fail_init;
+        ncfsm__sim_warn("sim: injected init failure %s (rank %d)", res_name(ch->state), ch->rank);
+      } else {
+        ch->state = OK;
+      }
+      if (ch->state != OK && !x->final) x->final = ch->state;
+    }
+    if (!waiting) break;
+    UNLOCK();
+    sleep_1ms();
+    LOCK();
+  }
+  int rc = OK;
+  for (sim_comm *c = list; c; c = c->grp_next) {
+    sim_xop *x = c->xop;
+    if (c->zombie || !c->blocking || !x || !x->done) continue;
+    c->phase = SIM_PH_NONE;
+    c->armed = 0;
+    c->state = x->final == E_REMOTE ? E_REMOTE : OK; /* a dead peer; other failures are the call's */
+    if (!rc) rc = x->final;
+    xop_free(x);
+    c->xop = NULL;
+  }
+  return rc;
+}
+
+/* The end of a split/shrink/grow call: its implicit group (R1: nonblocking
+ * -> InProgress; blocking: the waits above) or its explicit one. */
+static int xcomm_end(int implicit, sim_comm *c, int blocking, int rc) {
+  if (rc) group_fail(c, rc);
+  int grc = implicit_end(implicit);
+  if (!rc) rc = implicit ? (blocking ? grc : c->state) : OK;
+  return rc;
+}
+
+static int sim_comm_split(void *parent, int color, int key, void **child, const ncfsm__comm_config *cfg) {
+  LOCK();
+  int implicit = implicit_begin(), rc = OK, blocking = 0;
+  sim_comm *c = comm_of(parent);
+  if (child) *child = NULL; /* R8: written when the split is done */
+  if (!c) {
+    ncfsm__sim_warn("ncclCommSplit : comm argument is NULL or not a sim communicator");
+    rc = E_ARG;
+  } else {
+    c->st.splits++;
+    blocking = c->blocking;
+    rc = xcomm_admit(c, SIM_X_SPLIT, 0);
+    if (!rc && (!child || !cfg)) {
+      ncfsm__sim_warn("ncclCommSplit : newcomm or config argument is NULL");
+      rc = E_ARG;
+    }
+    if (!rc) rc = group_mode_check(c->blocking); /* R3 */
+    if (!rc) {
+      sim_xop *x = xop_new(c, SIM_X_SPLIT, child, cfg);
+      if (!x) {
+        ncfsm__sim_warn("ncclCommSplit: out of memory");
+        rc = E_SYSTEM;
+      } else {
+        x->color = color;
+        x->key = key;
+        rc = xop_start(c, x);
+      }
+    }
+  }
+  rc = xcomm_end(implicit, c, blocking, rc);
+  UNLOCK();
+  return rc;
+}
+
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+static int sim_comm_shrink(void *parent, const int *exclude, int nexclude, void **child,
+                           const ncfsm__comm_config *cfg, int flags) {
+  LOCK();
+  int implicit = implicit_begin(), rc = OK, blocking = 0;
+  sim_comm *c = comm_of(parent);
+  int *ex = NULL;
+  if (child) *child = NULL;
+  if (!c) {
+    ncfsm__sim_warn("ncclCommShrink : comm argument is NULL or not a sim communicator");
+    rc = E_ARG;
+  } else {
+    c->st.shrinks++;
+    blocking = c->blocking;
+    /* ncclCommInitChildComm's order: pointers, a positive count, this rank
+     * not excluded, then ncclCommEnsureReady (R2); only the NCCL_SHRINK_ABORT
+     * bit of the flags matters (NCCL checks no others) */
+    if (!child || !cfg || !exclude || nexclude <= 0) {
+      ncfsm__sim_warn("ncclCommShrink : newcomm, config or excludeRanksList is NULL, or excludeRanksCount %d "
+                      "is not positive", nexclude);
+      rc = E_ARG;
+    }
+    if (!rc && !(ex = malloc((size_t)nexclude * sizeof *ex))) {
+      ncfsm__sim_warn("ncclCommShrink: out of memory");
+      rc = E_SYSTEM;
+    }
+    if (!rc) {
+      memcpy(ex, exclude, (size_t)nexclude * sizeof *ex);
+      qsort(ex, (size_t)nexclude, sizeof *ex, cmp_int);
+      for (int i = 0; i < nexclude && !rc; i++)
+        if (ex[i] == c->rank) {
+          ncfsm__sim_warn("ncclCommShrink : rank %d is in the exclude list; excluded ranks must not call "
+                          "ncclCommShrink (R7)", c->rank);
+          rc = E_ARG;
+        }
+    }
+    if (!rc) rc = xcomm_admit(c, SIM_X_SHRINK, flags);
+    for (int i = 0; i < nexclude && !rc; i++) { /* sim checks: NCCL would hang or fail later */
+      if (ex[i] < 0 || ex[i] >= c->nranks) {
+        ncfsm__sim_warn("ncclCommShrink : excluded rank %d is out of range (0..%d) (sim)", ex[i], c->nranks - 1);
+        rc = E_ARG;
+      } else if (i && ex[i] == ex[i - 1]) {
+        ncfsm__sim_warn("ncclCommShrink : rank %d is excluded twice (sim)", ex[i]);
+        rc = E_ARG;
+      }
+    }
+    if (!rc) rc = group_mode_check(c->blocking); /* R3 */
+    if (!rc) {
+      sim_xop *x = xop_new(c, SIM_X_SHRINK, child, cfg);
+      if (!x) {
+        ncfsm__sim_warn("ncclCommShrink: out of memory");
+        rc = E_SYSTEM;
+      } else {
+        x->exclude = ex;
+        ex = NULL;
+        x->nexclude = nexclude;
+        x->flags = flags & NCFSM__SHRINK_ABORT;
+        uint64_t hh = 0xcbf29ce484222325ull; /* FNV-1a of the sorted list */
+        for (int i = 0; i < nexclude; i++) hh = (hh ^ (uint64_t)(uint32_t)x->exclude[i]) * 0x100000001b3ull;
+        x->hash = mix64(hh ^ (uint64_t)nexclude);
+        if (flags & NCFSM__SHRINK_ABORT) {
+          /* R7: the parent's outstanding work is terminated first: unexecuted
+           * ops are dropped (their stream work ends without data, as aborted
+           * kernels exit), and the parent may only be aborted afterwards */
+          comm_drop_ops(c);
+          c->poisoned = 0;
+          c->shrink_aborted = 1;
+        }
+        rc = xop_start(c, x);
+      }
+    }
+  }
+  free(ex);
+  rc = xcomm_end(implicit, c, blocking, rc);
+  UNLOCK();
+  return rc;
+}
+
+static int sim_comm_get_unique_id(void *bcomm, ncfsm_unique_id *id) {
+  LOCK();
+  int rc = OK;
+  sim_comm *c = comm_of(bcomm);
+  if (!c || !id) {
+    ncfsm__sim_warn("ncclCommGetUniqueId : comm argument is NULL or not a sim communicator, or uniqueId "
+                    "is NULL");
+    rc = E_ARG;
+  } else if (comm_foreign(c)) {
+    rc = foreign_reject(c, "ncclCommGetUniqueId");
+  } else if (!grow_ok(&c->o)) {
+    ncfsm__sim_warn("ncclCommGetUniqueId: ncclCommGrow needs NCCL 2.29 (modelled %d, "
+                    "ncfsm_sim_opts.has_grow = 0)", sim_version());
+    rc = E_USAGE;
+  } else if (c->state == IN_PROGRESS) {
+    ncfsm__sim_warn(R2_WARN); /* R2: ncclCommEnsureReady (no group: not poisoned) */
+    rc = E_ARG;
+  } else if (c->state != OK) {
+    rc = c->state; /* ncclCommEnsureReady keeps an error state */
+  } else if (c->shrink_aborted || c->revoked || c->finalized) {
+    ncfsm__sim_warn("ncclCommGetUniqueId: the communicator is %s; a grow needs a healthy parent (sim)",
+                    c->shrink_aborted ? "shrunk with NCCL_SHRINK_ABORT"
+                    : c->revoked      ? "revoked"
+                                      : "finalized");
+    rc = E_USAGE;
+  } else {
+    memset(id, 0, sizeof *id);
+    if (random_key((unsigned char *)id->internal)) {
+      ncfsm__sim_warn("ncclCommGetUniqueId: getrandom failed: %s", strerror(errno));
+      rc = E_SYSTEM;
+    } else {
+      int32_t n = c->nranks;
+      memcpy(id->internal + SIM_ID_KEY_LEN, SIM_ID_TAG, SIM_ID_TAG_LEN);
+      memcpy(id->internal + GROW_TAG_OFF, GROW_TAG, 4);
+      memcpy(id->internal + GROW_PARENT_OFF, c->q->key, SIM_ID_KEY_LEN);
+      memcpy(id->internal + GROW_NRANKS_OFF, &n, sizeof n);
+    }
+  }
+  if (c && rc) c->st.rejected++;
+  UNLOCK();
+  return rc;
+}
+
+/* A joining rank (no parent): an init of the new clique named by the id. */
+static int grow_join(int nranks, const ncfsm_unique_id *id, int rank, void **child,
+                     const ncfsm__comm_config *cfg, sim_comm **out) {
+  if (!id || !child || !cfg) {
+    ncfsm__sim_warn("ncclCommGrow : a joining rank (comm NULL) needs uniqueId, newcomm and config");
+    return E_ARG;
+  }
+  ncfsm_sim_opts o;
+  if (cfg->sim) o = *cfg->sim;
+  else ncfsm_sim_opts_init(&o);
+  if (!grow_ok(&o)) {
+    ncfsm__sim_warn("ncclCommGrow needs NCCL 2.29 (modelled %d, ncfsm_sim_opts.has_grow = 0)", sim_version());
+    return E_USAGE;
+  }
+  if (!is_grow_id(id)) {
+    ncfsm__sim_warn("ncclCommGrow : the unique id was not made by ncclCommGetUniqueId (sim)");
+    return E_ARG;
+  }
+  int pn = grow_id_nranks(id);
+  if (nranks <= pn || rank < pn || rank >= nranks) {
+    ncfsm__sim_warn("ncclCommGrow : invalid rank %d for a joining rank: the parent has %d ranks and the grown "
+                    "communicator %d, so joining ranks are %d..%d", rank, pn, nranks, pn, nranks - 1);
+    return E_ARG;
+  }
+  const unsigned char *key = (const unsigned char *)id->internal;
+  sim_clique *q = clique_find_key(key);
+  int full = 0;
+  if (q && ncfsm__sim_shm_lock(q) == 0) {
+    full = q->h->joined >= q->h->nranks;
+    ncfsm__sim_shm_unlock(q);
+  }
+  if (full || (!q && grow_done_local(key))) {
+    ncfsm__sim_warn("ncclCommGrow : this unique id was already used by a completed grow (ids are single-use)");
+    return E_ARG;
+  }
+  int rc = comm_create(out, nranks, key, rank, cfg, "ncclCommGrow");
+  if (rc) return rc;
+  grow_done_mark(key);
+  return OK;
+}
+
+static int sim_comm_grow(void *parent, int nranks, const ncfsm_unique_id *id, int rank, void **child,
+                         const ncfsm__comm_config *cfg) {
+  LOCK();
+  int implicit = implicit_begin(), rc = OK, blocking = 0;
+  sim_comm *c = NULL;
+  if (child) *child = NULL;
+  if (!parent) { /* a joining rank */
+    rc = grow_join(nranks, id, rank, child, cfg, &c);
+    if (rc) {
+      group_fail(NULL, rc);
+    } else {
+      c->st.grows++;
+      c->init_in_group = 1; /* completes (blocking) or arms (nonblocking) at the outermost end */
+      group_track(c);
+      g_blocking = c->blocking;
+      *child = c;
+      blocking = c->blocking;
+      NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d/%d joins by ncclCommGrow", rank, nranks);
+    }
+    int grc = implicit_end(implicit);
+    if (!rc) rc = implicit ? (blocking ? grc : c->state) : OK;
+    UNLOCK();
+    return rc;
+  }
+  c = comm_of(parent);
+  if (!c) {
+    ncfsm__sim_warn("ncclCommGrow : comm argument is not a sim communicator");
+    rc = E_ARG;
+  } else {
+    c->st.grows++;
+    blocking = c->blocking;
+    rc = xcomm_admit(c, SIM_X_GROW, 0);
+    if (!rc && (!child || !cfg)) {
+      ncfsm__sim_warn("ncclCommGrow : newcomm or config argument is NULL");
+      rc = E_ARG;
+    }
+    if (!rc && rank != -1) {
+      ncfsm__sim_warn("ncclCommGrow : an existing rank passes rank -1 (got %d); it keeps its rank %d",
+                      rank, c->rank);
+      rc = E_ARG;
+    }
+    if (!rc && nranks <= c->nranks) {
+      ncfsm__sim_warn("ncclCommGrow : nranks %d must be larger than the parent's %d", nranks, c->nranks);
+      rc = E_ARG;
+    }
+    if (!rc && id) {
+      if (!is_grow_id(id) || memcmp(id->internal + GROW_PARENT_OFF, c->q->key, SIM_ID_KEY_LEN) ||
+          grow_id_nranks(id) != c->nranks) {
+        ncfsm__sim_warn("ncclCommGrow : the unique id was not made by ncclCommGetUniqueId on this "
+                        "communicator (sim)");
+        rc = E_ARG;
+      } else if (grow_used_shared(c, (const unsigned char *)id->internal)) {
+        ncfsm__sim_warn("ncclCommGrow : this unique id was already used by a grow (ids are single-use)");
+        rc = E_ARG;
+      }
+    }
+    if (!rc) rc = group_mode_check(c->blocking); /* R3 */
+    if (!rc) {
+      sim_xop *x = xop_new(c, SIM_X_GROW, child, cfg);
+      if (!x) {
+        ncfsm__sim_warn("ncclCommGrow: out of memory");
+        rc = E_SYSTEM;
+      } else {
+        x->grow_nranks = nranks;
+        x->has_id = id != NULL;
+        if (id) memcpy(x->grow_key, id->internal, SIM_ID_KEY_LEN);
+        rc = xop_start(c, x);
+      }
+    }
+  }
+  rc = xcomm_end(implicit, c, blocking, rc);
+  UNLOCK();
+  return rc;
+}
+
+/* ncclCommUserRank + ncclCommCount: both call ncclCommEnsureReady (NCCL
+ * 2.28 init.cc), so on a comm whose async state is InProgress (e.g. a split
+ * child still in its init) they return ncclInvalidArgument with the R2 WARN,
+ * and an error state is returned as it is. No group is involved there, so the
+ * sim does not poison the comm for it (not measured). */
+static int sim_comm_rank_size(void *bcomm, int *rank, int *size) {
+  LOCK();
+  int rc = OK;
+  sim_comm *c = comm_of(bcomm);
+  if (!c || !rank || !size) {
+    ncfsm__sim_warn("ncclCommCount : comm argument is NULL or not a sim communicator, or count is NULL");
+    rc = E_ARG;
+  } else if (comm_foreign(c)) {
+    rc = foreign_reject(c, "ncclCommCount");
+  } else if (c->state == IN_PROGRESS) {
+    ncfsm__sim_warn(R2_WARN); /* R2: ncclCommEnsureReady */
+    rc = E_ARG;
+  } else if (c->state != OK) {
+    rc = c->state;
+  } else {
+    *rank = c->rank;
+    *size = c->nranks;
+  }
+  if (c && rc) c->st.rejected++;
   UNLOCK();
   return rc;
 }
@@ -1026,6 +1793,11 @@ static int op_admit(sim_comm *c, const ncfsm__op *op) {
     ncfsm__sim_warn(R2_WARN); /* R2 */
     return E_ARG;
   }
+  if (c->shrink_aborted) {
+    ncfsm__sim_warn("%s : " SHRUNK_WARN,
+                    (unsigned)op->kind < (unsigned)NCFSM_OPKIND_COUNT ? op_names[op->kind] : "op");
+    return E_USAGE;
+  }
   if (c->state != OK) return c->state; /* R10: the async error, again */
   if (c->revoked) {
     ncfsm__sim_warn("%s : communicator was revoked; new operations are not allowed (R6)",
@@ -1105,6 +1877,9 @@ static int sim_finalize(void *bcomm) {
     } else if (c->state == IN_PROGRESS) {
       ncfsm__sim_warn(R2_WARN); /* R2, and R4: a second finalize while the first runs */
       rc = E_ARG;
+    } else if (c->shrink_aborted) {
+      ncfsm__sim_warn("ncclCommFinalize: " SHRUNK_WARN);
+      rc = E_USAGE;
     } else if (c->state != OK) {
       rc = c->state;
     } else if (c->revoked) {
@@ -1157,6 +1932,11 @@ static int sim_destroy(void *bcomm) {
   } else if (comm_foreign(c)) {
     c->st.destroys++;
     rc = foreign_reject(c, "ncclCommDestroy");
+    group_fail(c, rc);
+  } else if (c->shrink_aborted && c->state != IN_PROGRESS) {
+    c->st.destroys++; /* R7: the parent of a NCCL_SHRINK_ABORT shrink must be aborted */
+    ncfsm__sim_warn("ncclCommDestroy: " SHRUNK_WARN);
+    rc = E_USAGE;
     group_fail(c, rc);
   } else if (c->state != OK) {
     /* R4: destroy is only legal in ncclSuccess. Rejected without destroying;
@@ -1217,6 +1997,10 @@ static int sim_revoke(void *bcomm, int flags) {
                     c->o.has_revoke ? sim_version() : 22803);
     c->st.rejected++;
     rc = E_USAGE;
+  } else if (c->shrink_aborted) {
+    ncfsm__sim_warn("ncclCommRevoke: " SHRUNK_WARN);
+    c->st.rejected++;
+    rc = E_USAGE;
   } else if (c->phase == SIM_PH_INIT) {
     ncfsm__sim_warn("ncclCommRevoke: communicator is still initializing (sim)");
     c->st.rejected++;
@@ -1225,6 +2009,10 @@ static int sim_revoke(void *bcomm, int flags) {
     /* R6: stop in-flight work; InProgress until quiescent. An async error stays. */
     c->revoke_prev = (c->state == OK || c->state == IN_PROGRESS) ? OK : c->state;
     comm_drop_ops(c);
+    if (c->xop) { /* a split/shrink/grow in progress is given up on this rank: no child */
+      xop_free(c->xop);
+      c->xop = NULL;
+    }
     c->poisoned = 0;
     c->revoked = 1;
     if (c->blocking) {
@@ -1285,6 +2073,11 @@ const ncfsm__backend ncfsm__backend_sim = {
     .destroy = sim_destroy,
     .abort = sim_abort,
     .revoke = sim_revoke,
+    .comm_split = sim_comm_split,
+    .comm_shrink = sim_comm_shrink,
+    .comm_get_unique_id = sim_comm_get_unique_id,
+    .comm_grow = sim_comm_grow,
+    .comm_rank_size = sim_comm_rank_size,
     .last_error = sim_last_error,
     .stream_create = ncfsm__sim_stream_create,
     .stream_destroy = ncfsm__sim_stream_destroy,

@@ -648,7 +648,8 @@ static void fail_on_dead_peers(sim_clique *q) {
       if (u->ndone < u->n) busy = 1;
     if (!busy) continue;
     if (c->state != NCFSM__NCCL_SUCCESS && c->state != NCFSM__NCCL_IN_PROGRESS) continue;
-    if (c->phase == SIM_PH_INIT || c->phase == SIM_PH_REVOKE) continue;
+    if (c->phase == SIM_PH_INIT || c->phase == SIM_PH_REVOKE || c->phase == SIM_PH_XCOMM)
+      continue; /* a split/shrink/grow sees a dead member itself (sim.c, xop_ready) */
     c->peer_dead_seen = 1;
     c->state = NCFSM__NCCL_REMOTE_ERROR;
     c->phase = SIM_PH_NONE;
