@@ -62,6 +62,16 @@ static_assert(NCFSM_INT8 == (int)ncclInt8 && NCFSM_UINT8 == (int)ncclUint8 && NC
 static_assert(NCFSM_OP_SUM == (int)ncclSum && NCFSM_OP_PROD == (int)ncclProd && NCFSM_OP_MAX == (int)ncclMax &&
                   NCFSM_OP_MIN == (int)ncclMin && NCFSM_OP_AVG == (int)ncclAvg,
               "ncfsm_redop_t equals ncclRedOp_t");
+static_assert(NCFSM__SPLIT_NOCOLOR == NCCL_SPLIT_NOCOLOR, "NCFSM__SPLIT_NOCOLOR equals NCCL_SPLIT_NOCOLOR");
+static_assert(NCFSM__SHRINK_DEFAULT == NCCL_SHRINK_DEFAULT && NCFSM__SHRINK_ABORT == NCCL_SHRINK_ABORT,
+              "shrink flags equal NCCL's");
+
+/* NCCL 2.29 entry points: the 2.28 headers do not declare them, so they get
+ * prototypes of their own here (from NCCL 2.29's nccl.h), used only through
+ * dlsym'd pointers. */
+typedef ncclResult_t (*ncfsm__nccl_comm_get_unique_id_fn)(ncclComm_t comm, ncclUniqueId *uniqueId);
+typedef ncclResult_t (*ncfsm__nccl_comm_grow_fn)(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId,
+                                                 int rank, ncclComm_t *newcomm, ncclConfig_t *config);
 
 /* ---- function tables ------------------------------------------------------------------ */
 
@@ -76,6 +86,8 @@ static_assert(NCFSM_OP_SUM == (int)ncclSum && NCFSM_OP_PROD == (int)ncclProd && 
   X(ncclCommAbort)       \
   X(ncclGetLastError)    \
   X(ncclGetErrorString)  \
+  X(ncclCommUserRank)    \
+  X(ncclCommCount)       \
   X(ncclAllReduce)       \
   X(ncclBroadcast)       \
   X(ncclReduce)          \
@@ -88,6 +100,7 @@ static_assert(NCFSM_OP_SUM == (int)ncclSum && NCFSM_OP_PROD == (int)ncclProd && 
 #define NCCL_OPTIONAL(X)                          \
   X(ncclCommRevoke, NCFSM__HAS_REVOKE, 22807)     \
   X(ncclCommShrink, NCFSM__HAS_SHRINK, 22703)     \
+  X(ncclCommSplit, NCFSM__HAS_SPLIT, 21801)       \
   X(ncclAlltoAll, NCFSM__HAS_ALLTOALL, 22803)     \
   X(ncclGather, NCFSM__HAS_GATHER, 22803)         \
   X(ncclScatter, NCFSM__HAS_SCATTER, 22803)
@@ -124,6 +137,9 @@ static struct {
   /* Declared as name() in nccl.h: give them real prototypes. */
   ncclResult_t (*ncclGroupStart)(void);
   ncclResult_t (*ncclGroupEnd)(void);
+  /* NCCL >= 2.29 (NCFSM__HAS_GROW when both resolve). */
+  ncfsm__nccl_comm_get_unique_id_fn ncclCommGetUniqueId;
+  ncfsm__nccl_comm_grow_fn ncclCommGrow;
 } nc;
 
 static struct {
@@ -259,6 +275,9 @@ static void load_nccl(ncfsm__nccl_info *in) {
   if ((nc.name = (__typeof__(nc.name))dlsym(h, #name)) != NULL) feats |= (bit);
   NCCL_OPTIONAL(RESOLVE_OPT)
 #undef RESOLVE_OPT
+  nc.ncclCommGetUniqueId = (ncfsm__nccl_comm_get_unique_id_fn)dlsym(h, "ncclCommGetUniqueId");
+  nc.ncclCommGrow = (ncfsm__nccl_comm_grow_fn)dlsym(h, "ncclCommGrow");
+  if (nc.ncclCommGetUniqueId && nc.ncclCommGrow) feats |= NCFSM__HAS_GROW;
   int v = 0;
   if (nc.ncclGetVersion(&v) != ncclSuccess) v = 0;
   g.hnccl = h;
@@ -353,12 +372,13 @@ static void load_once(void) {
   char nv[32];
   ncfsm__nccl_version_str(in->nccl_version, nv, sizeof nv);
   NCFSM_INFO(NCFSM__SUB_BACKEND,
-             "nccl backend: NCCL %s (%s), CUDA runtime %d.%d (%s), driver %d.%d, %d device(s); optional:%s%s%s%s%s",
+             "nccl backend: NCCL %s (%s), CUDA runtime %d.%d (%s), driver %d.%d, %d device(s); optional:%s%s%s%s%s%s%s",
              nv, in->nccl_path, in->cudart_version / 1000, in->cudart_version % 1000 / 10, in->cudart_path,
              in->driver_version / 1000, in->driver_version % 1000 / 10, in->device_count,
              in->features & NCFSM__HAS_REVOKE ? " Revoke" : "", in->features & NCFSM__HAS_SHRINK ? " Shrink" : "",
              in->features & NCFSM__HAS_ALLTOALL ? " AlltoAll" : "", in->features & NCFSM__HAS_GATHER ? " Gather" : "",
-             in->features & NCFSM__HAS_SCATTER ? " Scatter" : "");
+             in->features & NCFSM__HAS_SCATTER ? " Scatter" : "", in->features & NCFSM__HAS_SPLIT ? " Split" : "",
+             in->features & NCFSM__HAS_GROW ? " Grow" : "");
 }
 
 static inline void ensure_loaded(void) { pthread_once(&g_once, load_once); }
@@ -439,7 +459,13 @@ int ncfsm__nccl_device_info_get(int ordinal, ncfsm__nccl_device_info *out, char 
 typedef struct nccl_bcomm {
   ncclComm_t comm;
   int device;
+  int blocking;
   char name[64]; /* config.commName must outlive the NCCL comm */
+  /* A child of a split/shrink/grow on this (parent) comm that NCCL writes
+   * asynchronously (R8): handed to *pend_out when the parent polls to
+   * ncclSuccess (NCCL wrote pend->comm, or left it NULL: no child). */
+  struct nccl_bcomm *pend;
+  void **pend_out;
 } nccl_bcomm;
 
 typedef struct nccl_event {
@@ -504,6 +530,7 @@ static int b_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, int 
     free(bc);
     return ncclUnhandledCudaError;
   }
+  bc->blocking = cfg->blocking ? 1 : 0;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = cfg->blocking ? 1 : 0;
   if (cfg->name && cfg->name[0]) {
@@ -522,11 +549,14 @@ static int b_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, int 
   return nres(r);
 }
 
+static void pend_resolve(nccl_bcomm *bc);
+
 static int b_get_async_error(void *bcomm, int *state) {
   nccl_bcomm *bc = bcomm;
   ncclResult_t st = ncclSuccess;
   ncclResult_t r = nc.ncclCommGetAsyncError(bc->comm, &st);
   *state = (int)st;
+  if (__builtin_expect(bc->pend != NULL, 0) && r == ncclSuccess && st == ncclSuccess) pend_resolve(bc);
   if (__builtin_expect(st != ncclSuccess && st != ncclInProgress, 0)) tls_err_set = 0;
   return nres(r);
 }
@@ -577,13 +607,24 @@ static int b_destroy(void *bcomm) {
   nccl_bcomm *bc = bcomm;
   ncclResult_t r = nc.ncclCommDestroy(bc->comm);
   /* R4: a refused Destroy leaves the comm alive; the engine aborts it next. */
-  if (r == ncclSuccess) free(bc);
+  if (r == ncclSuccess) {
+    pend_resolve(bc); /* Destroy needed ncclSuccess: a child made meanwhile is the caller's */
+    free(bc);
+  }
   return nres(r);
 }
 
 static int b_abort(void *bcomm) {
   nccl_bcomm *bc = bcomm;
   ncclResult_t r = bc->comm ? nc.ncclCommAbort(bc->comm) : ncclSuccess;
+  /* A child NCCL was still making for it: ncclCommAbort ended the parent's
+   * job (ncclCommEnsureReady -> ncclGroupJobAbort), so nothing writes it any
+   * more; nobody received it, so it goes too. */
+  nccl_bcomm *ch = bc->pend;
+  if (ch) {
+    if (ch->comm) (void)nc.ncclCommAbort(ch->comm);
+    free(ch);
+  }
   free(bc); /* the engine drops the handle whatever Abort returned */
   return nres(r);
 }
@@ -591,6 +632,149 @@ static int b_abort(void *bcomm) {
 static int b_revoke(void *bcomm, int flags) {
   if (!nc.ncclCommRevoke) return missing("ncclCommRevoke", 22807);
   return nres(nc.ncclCommRevoke(((nccl_bcomm *)bcomm)->comm, flags));
+}
+
+/* ---- communicators made from communicators (R7, R8; grow: NCCL 2.29) ---------------- */
+
+static void pend_resolve(nccl_bcomm *bc) {
+  nccl_bcomm *ch = bc->pend;
+  if (!ch) return;
+  void **out = bc->pend_out;
+  bc->pend = NULL;
+  bc->pend_out = NULL;
+  if (ch->comm) {
+    *out = ch;
+  } else { /* NCCL_SPLIT_NOCOLOR: no communicator */
+    free(ch);
+    *out = NULL;
+  }
+}
+
+/* The wrapper of a child and its ncclConfig_t, made as b_comm_init makes a
+ * comm's (blocking flag, name); the device is set by the caller. */
+static nccl_bcomm *child_new(const ncfsm__comm_config *cfg, int device, ncclConfig_t *config) {
+  nccl_bcomm *ch = calloc(1, sizeof *ch);
+  if (!ch) {
+    own_error("out of host memory for a communicator");
+    return NULL;
+  }
+  ch->device = device;
+  ch->blocking = cfg->blocking ? 1 : 0;
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.blocking = ch->blocking;
+  if (cfg->name && cfg->name[0]) {
+    snprintf(ch->name, sizeof ch->name, "%s", cfg->name);
+    c.commName = ch->name;
+  }
+  *config = c;
+  return ch;
+}
+
+/* After NCCL's call on the parent pb wrote (or will write) the child's handle
+ * into ch->comm: an error drops the child (aborting what NCCL made); a
+ * blocking parent's success hands it over now; a nonblocking parent's call
+ * hands it over when the parent polls back to ncclSuccess (R8). */
+static int child_after(nccl_bcomm *pb, nccl_bcomm *ch, void **child, ncclResult_t r) {
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (ch->comm) (void)nc.ncclCommAbort(ch->comm);
+    free(ch);
+    return nres(r);
+  }
+  pb->pend = ch;
+  pb->pend_out = child;
+  if (pb->blocking && r == ncclSuccess) pend_resolve(pb);
+  return nres(r);
+}
+
+static int child_begin(nccl_bcomm *pb, void **child, const char *call) {
+  *child = NULL;
+  if (pb->pend) { /* the engine polls a parent to success before its next call (R2) */
+    own_error("%s: the previous split/shrink/grow of this communicator has not polled to ncclSuccess yet", call);
+    return ncclInvalidUsage;
+  }
+  return force_device(pb->device) ? ncclUnhandledCudaError : ncclSuccess;
+}
+
+static int b_comm_split(void *parent, int color, int key, void **child, const ncfsm__comm_config *cfg) {
+  nccl_bcomm *pb = parent;
+  if (!nc.ncclCommSplit) return missing("ncclCommSplit", 21801);
+  int rc = child_begin(pb, child, "ncclCommSplit");
+  if (rc) return rc;
+  ncclConfig_t config;
+  nccl_bcomm *ch = child_new(cfg, pb->device, &config); /* NCCL keeps the parent's device */
+  if (!ch) return ncclSystemError;
+  return child_after(pb, ch, child, nc.ncclCommSplit(pb->comm, color, key, &ch->comm, &config));
+}
+
+static int b_comm_shrink(void *parent, const int *exclude, int nexclude, void **child,
+                         const ncfsm__comm_config *cfg, int flags) {
+  nccl_bcomm *pb = parent;
+  if (!nc.ncclCommShrink) return missing("ncclCommShrink", 22703);
+  int rc = child_begin(pb, child, "ncclCommShrink");
+  if (rc) return rc;
+  /* NCCL sorts the list in place: give it a copy */
+  int *ex = nexclude > 0 ? malloc((size_t)nexclude * sizeof *ex) : NULL;
+  if (nexclude > 0 && !ex) {
+    own_error("out of host memory for an exclude list");
+    return ncclSystemError;
+  }
+  if (ex) memcpy(ex, exclude, (size_t)nexclude * sizeof *ex);
+  ncclConfig_t config;
+  nccl_bcomm *ch = child_new(cfg, pb->device, &config);
+  if (!ch) {
+    free(ex);
+    return ncclSystemError;
+  }
+  ncclResult_t r = nc.ncclCommShrink(pb->comm, ex, nexclude, &ch->comm, &config, flags);
+  free(ex); /* NCCL's job keeps its own copy */
+  return child_after(pb, ch, child, r);
+}
+
+static int b_comm_get_unique_id(void *bcomm, ncfsm_unique_id *id) {
+  nccl_bcomm *bc = bcomm;
+  if (!nc.ncclCommGetUniqueId || !nc.ncclCommGrow) return missing("ncclCommGetUniqueId", 22900);
+  ncclUniqueId uid;
+  ncclResult_t r = nc.ncclCommGetUniqueId(bc->comm, &uid);
+  if (r == ncclSuccess) memcpy(id, &uid, sizeof uid);
+  return nres(r);
+}
+
+static int b_comm_grow(void *parent, int nranks, const ncfsm_unique_id *id, int rank, void **child,
+                       const ncfsm__comm_config *cfg) {
+  if (!nc.ncclCommGetUniqueId || !nc.ncclCommGrow) return missing("ncclCommGrow", 22900);
+  ncclUniqueId uid;
+  if (id) memcpy(&uid, id, sizeof uid);
+  ncclConfig_t config;
+  if (parent) { /* an existing rank: its child comes like a split's */
+    nccl_bcomm *pb = parent;
+    int rc = child_begin(pb, child, "ncclCommGrow");
+    if (rc) return rc;
+    nccl_bcomm *ch = child_new(cfg, pb->device, &config);
+    if (!ch) return ncclSystemError;
+    return child_after(pb, ch, child, nc.ncclCommGrow(pb->comm, nranks, id ? &uid : NULL, -1, &ch->comm, &config));
+  }
+  /* a joining rank: like an init, on the device it names (NCCL reads the current device) */
+  *child = NULL;
+  if (not_usable()) return ncclSystemError;
+  if (force_device(cfg->device) != 0) return ncclUnhandledCudaError;
+  nccl_bcomm *ch = child_new(cfg, cfg->device, &config);
+  if (!ch) return ncclSystemError;
+  ncclResult_t r = nc.ncclCommGrow(NULL, nranks, id ? &uid : NULL, rank, &ch->comm, &config);
+  if (r != ncclSuccess && r != ncclInProgress && !ch->comm) {
+    free(ch);
+    return nres(r);
+  }
+  *child = ch; /* NCCL wrote the handle in the call; on an error the engine aborts it */
+  return nres(r);
+}
+
+/* ncclCommUserRank + ncclCommCount: both need the comm ready (ncclCommEnsureReady:
+ * ncclInvalidArgument while its async state is ncclInProgress, R2). */
+static int b_comm_rank_size(void *bcomm, int *rank, int *size) {
+  nccl_bcomm *bc = bcomm;
+  ncclResult_t r = nc.ncclCommUserRank(bc->comm, rank);
+  if (r == ncclSuccess) r = nc.ncclCommCount(bc->comm, size);
+  return nres(r);
 }
 
 static const char *b_last_error(void *bcomm) {
@@ -744,6 +928,11 @@ const ncfsm__backend ncfsm__backend_nccl = {
     .destroy = b_destroy,
     .abort = b_abort,
     .revoke = b_revoke,
+    .comm_split = b_comm_split,
+    .comm_shrink = b_comm_shrink,
+    .comm_get_unique_id = b_comm_get_unique_id,
+    .comm_grow = b_comm_grow,
+    .comm_rank_size = b_comm_rank_size,
     .last_error = b_last_error,
     .stream_create = b_stream_create,
     .stream_destroy = b_stream_destroy,
