@@ -753,9 +753,9 @@ static void gone_case(int how) {
   ncfsm_boot_close(again);
   row w = {.attack = how ? "rank-killed" : "rank-closed"};
   snprintf(w.outcome, sizeof w.outcome,
-           "ranks 0,1 failed %.1f ms after rank 2 %s: \"%.300s\"; rank 2 again: %s", dt * 1e3,
+           "ranks 0,1 failed %.1f ms after rank 2 %s: \"%.300s\"; rank 2 again: \"%.200s\"", dt * 1e3,
            how ? "was SIGKILLed" : "closed its bootstrap", e0,
-           again_r == NCFSM_OK ? "accepted" : "refused (rejoin off)");
+           again_r == NCFSM_OK ? "accepted" : e2);
   row_emit(&w, NULL, &sp);
   if (child > 0) waitpid(child, NULL, 0);
   live_child = -1;
