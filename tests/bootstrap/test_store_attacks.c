@@ -471,8 +471,8 @@ static void test_slow_frames(void **state) {
   /* b: n frames of 1 MiB - 1 byte each, the job running beside */
   int *fds = calloc((size_t)n, sizeof *fds);
   slow_arg a = {sp.port, n, 1u << 20, (1u << 20) - 1, fds};
-  double t0 = bt_now();
   run_beside(&j, slow_attack, &a);
+  double t0 = bt_now(); /* the last frame started before this: closed by frame_ms after it */
   int budget = 0, deadline = 0, open_ = 0, other = 0;
   char tail[512];
   int wait_ms = (int)frame_ms + 3000;
@@ -494,7 +494,7 @@ static void test_slow_frames(void **state) {
   row w = {.attack = "slow-frames"};
   snprintf(w.outcome, sizeof w.outcome,
            "%d x 1 MiB-1 + 4 small unfinished frames: %d closed 'input budget', %d 'frame not "
-           "complete', %d still open after %.1f s, %d other; job %.160s",
+           "complete', %d still open %.1f s after the attack, %d other; job %.160s",
            n, budget, deadline, open_, dt, other, after == 0 ? "ok" : j.err);
   row_emit(&w, &j, &sp);
   assert_int_equal(0, open_);
