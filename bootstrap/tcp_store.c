@@ -353,6 +353,8 @@ static void gather_release(ncfsm__store *s, struct entry *e) {
   if (e->gather && !e->failed) LIST_REMOVE(e, g_link);
 }
 
+static char failed_oom[] = "allgather failed (and the store is out of memory)";
+
 static void entry_delete(ncfsm__store *s, struct entry *e) {
   struct entry **pp = &s->tab[e->h & (s->nb - 1)];
   while (*pp != e) pp = &(*pp)->hnext;
@@ -361,8 +363,10 @@ static void entry_delete(ncfsm__store *s, struct entry *e) {
   uncharge(s, e->klen + sizeof *e);
   if (e->val) blob_unref(e->val);
   if (e->gather) gather_release(s, e);
-  if (e->failed) uncharge(s, strlen(e->failed) + 1);
-  free(e->failed);
+  if (e->failed && e->failed != failed_oom) {
+    uncharge(s, strlen(e->failed) + 1);
+    free(e->failed);
+  }
   free(e->key);
   free(e);
 }
@@ -483,7 +487,7 @@ static void gather_fail(ncfsm__store *s, struct entry *e, const char *msg) {
   gather_release(s, e);
   e->failed = strdup(msg);
   if (e->failed) s->bytes += strlen(msg) + 1; /* bounded: one per collective that failed */
-  else e->failed = (char *)"allgather failed (and the store is out of memory)";
+  else e->failed = failed_oom;
 }
 
 /* A ranked connection ended (closed, died, or closed by the store): every
@@ -593,8 +597,10 @@ static void conn_closing_event_cb(struct bufferevent *bev, short what, void *arg
 static void conn_fail(struct sconn *c, uint32_t id, const char *why, int drop) {
   ncfsm__store *s = c->s;
   if (c->closing) return;
-  warn_limited(s, W_CLOSE, "store: closing connection from %s (rank %d): %s", c->peer,
-               c->ranked ? (int)c->rank : -1, why);
+  if (c->ranked) /* at most one per rank: always */
+    NCFSM_WARN(SUB, "store: closing connection from %s (rank %u): %s", c->peer, c->rank, why);
+  else
+    warn_limited(s, W_CLOSE, "store: closing connection from %s (rank -1): %s", c->peer, why);
   c->closing = 1;
   char reason[300];
   snprintf(reason, sizeof reason, "closed by the store: %s", why);
@@ -1012,9 +1018,9 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
   if (left) {
     snprintf(reason, sizeof reason, "connection closed in the middle of a frame (%zu bytes left)",
              left);
-    NCFSM_WARN(SUB, "store: connection from %s (rank %d) closed in the middle of a frame (%zu "
-                    "bytes left)",
-               c->peer, c->ranked ? (int)c->rank : -1, left);
+    warn_limited(s, W_CLOSE, "store: connection from %s (rank %d) closed in the middle of a "
+                             "frame (%zu bytes left)",
+                 c->peer, c->ranked ? (int)c->rank : -1, left);
     s->st.closed_bad_frame++;
   } else if (what & BEV_EVENT_EOF) {
     snprintf(reason, sizeof reason, "connection closed by the peer (process exited or was killed?)");
