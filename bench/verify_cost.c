@@ -8,6 +8,7 @@
  *   --rounds R       interleaved rounds (default 3)
  *   --stream-ops N   ops of the small-op stream per round (default 5000)
  *   --port P         the two TCP stores hosted by rank 0 listen on 127.0.0.1:P and P+1 (default 29650)
+ *   --stores A1,A2   use two running stores (ncfsm-store, token NCFSM_STORE_TOKEN) instead
  *   --quick          tiny counts, for a smoke test
  *
  * One process per rank (mpirun: the main bootstrap is PMIx; or the TCP store
@@ -72,17 +73,18 @@ static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
   if (st != NCFSM_OK && first_bad == NCFSM_OK) first_bad = st;
 }
 
-static ncfsm_boot *open_tcp(ncfsm_loop *loop, int rank, int size, int port) {
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+static ncfsm_boot *open_tcp(ncfsm_loop *loop, int rank, int size, int port, const char *given) {
+  char addr[128];
+  if (given) snprintf(addr, sizeof addr, "%s", given);
+  else snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
   ncfsm_boot_opts bo;
   ncfsm_boot_opts_init(&bo);
   bo.kind = NCFSM_BOOT_TCP;
   bo.store_addr = addr;
   bo.rank = rank;
   bo.size = size;
-  bo.host_store = rank == 0;
-  bo.token = "verify-cost";
+  bo.host_store = !given && rank == 0;
+  if (!given) bo.token = "verify-cost";
   ncfsm_boot *b = NULL;
   if (ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &b) != NCFSM_OK) {
     fprintf(stderr, "verify_cost: rank %d: TCP store on %s: %s\n", rank, addr, ncfsm_boot_open_error());
@@ -93,14 +95,21 @@ static ncfsm_boot *open_tcp(ncfsm_loop *loop, int rank, int size, int port) {
 
 int main(int argc, char **argv) {
   int iters = 500, rounds = 3, stream_ops = 5000, port = 29650;
+  char *stores[2] = {NULL, NULL};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--stream-ops") && i + 1 < argc) stream_ops = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--port") && i + 1 < argc) port = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--stores") && i + 1 < argc && strchr(argv[i + 1], ',')) {
+      stores[0] = argv[++i];
+      stores[1] = strchr(stores[0], ',') + 1;
+      stores[1][-1] = 0;
+    }
     else if (!strcmp(argv[i], "--quick")) iters = 20, rounds = 2, stream_ops = 200;
     else {
-      fprintf(stderr, "usage: %s [--iters N] [--rounds R] [--stream-ops N] [--port P] [--quick]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--iters N] [--rounds R] [--stream-ops N] [--port P | --stores A1,A2] [--quick]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -123,7 +132,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "verify_cost: needs 2 or more ranks\n");
     return 1;
   }
-  ncfsm_boot *tcp1 = open_tcp(loop, rank, size, port), *tcp2 = open_tcp(loop, rank, size, port + 1);
+  ncfsm_boot *tcp1 = open_tcp(loop, rank, size, port, stores[0]);
+  ncfsm_boot *tcp2 = open_tcp(loop, rank, size, port + 1, stores[1]);
   ncfsm_backend_info bi;
   CHECK(ncfsm_backend_query(NCFSM_BACKEND_AUTO, &bi));
 

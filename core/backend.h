@@ -108,6 +108,10 @@ typedef struct ncfsm__backend {
   int (*comm_grow)(void *parent, int nranks, const ncfsm_unique_id *id, int rank, void **child,
                    const ncfsm__comm_config *cfg);
 
+  /* ncclCommUserRank + ncclCommCount: a split child's rank and size are known
+   * only to NCCL (they depend on every rank's color and key). */
+  int (*comm_rank_size)(void *bcomm, int *rank, int *size);
+
   /* Process-wide last error text (ncclGetLastError ignores its comm). */
   const char *(*last_error)(void *bcomm);
 

@@ -3,6 +3,7 @@
  * An action never fires an event; the caller of ncfsm__fire decides what
  * comes next (for example the error policy after act_fail_pending). */
 #include <assert.h>
+#include <stdio.h>
 
 #include "fsm/internal.h"
 
@@ -68,6 +69,7 @@ static void act_fail_unobserved(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t f
  * the cause. */
 static void act_fail_pending(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
   ncfsm__fail_all(c, ev == NCFSM_EV_TIMEOUT ? NCFSM_WORK_TIMED_OUT : NCFSM_WORK_FAILED, c->cause);
+  ncfsm__split_orphan(c, ncfsm_err_name(c->cause));
 }
 
 static void act_queue_abort(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
@@ -77,6 +79,7 @@ static void act_queue_abort(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from)
 
 static void act_abort_works(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
   ncfsm__fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
+  ncfsm__split_orphan(c, "it was aborted");
 }
 
 /* Guard IDLE held: nothing is unfinished; fail defensively all the same, a
@@ -88,6 +91,33 @@ static void act_close_idle(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) 
 static void act_release_backend(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
   c->bcomm = NULL;
   ncfsm__fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
+}
+
+static void act_watch_split(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
+  c->loop->poll_iter = 0;
+}
+
+/* NCCL_SHRINK_ABORT (or a shrink of a failed or revoked comm) terminates the
+ * comm's outstanding work: nothing of it will be seen complete (R7). */
+static void act_terminate_works(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
+  ncfsm__fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
+  c->loop->poll_iter = 0;
+}
+
+static void act_hand_children(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
+  ncfsm__split_hand(c);
+  if (c->bq_head) c->loop->kick = true; /* ops queued while splitting */
+}
+
+static void act_hand_children_end(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
+  ncfsm__split_hand(c);
+  ncfsm__set_error(c, "ncclCommShrink terminated this communicator's work: use the child; abort this one "
+                      "(R7: abort, not destroy)");
+  if (!c->failure[0]) snprintf(c->failure, sizeof c->failure, "%s", c->last_error);
+}
+
+static void act_watch_child(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
+  c->loop->poll_iter = 0;
 }
 
 static void act_fail_mismatched(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {

@@ -673,6 +673,16 @@ static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op
                      fn, (int)o->redop, NCFSM_REDOP_COUNT - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
+  size_t multk = (o->kind == NCFSM_KIND_ALLGATHER || o->kind == NCFSM_KIND_REDUCESCATTER ||
+                  o->kind == NCFSM_KIND_ALLTOALL || o->kind == NCFSM_KIND_GATHER ||
+                  o->kind == NCFSM_KIND_SCATTER);
+  if (c->nranks <= 0 && (op_rooted(o->kind) || multk || o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV)) {
+    ncfsm__set_error(c, "%s: this comm is the child of a split whose rank and size NCCL tells only once its "
+                        "init is done (state %s): submit rooted, point-to-point and per-rank-sized ops once it "
+                        "is READY (ncfsm_comm_wait_state)",
+                     fn, ncfsm_state_name(c->state));
+    return NCFSM_ERR_INVALID_USAGE;
+  }
   if (op_rooted(o->kind) && (o->root < 0 || o->root >= c->nranks)) {
     ncfsm__set_error(c, "%s: argument root: %d is out of range (the communicator has %d ranks: 0..%d)",
                      fn, o->root, c->nranks, c->nranks - 1);

@@ -21,6 +21,7 @@ bool ncfsm__guard(const ncfsm_comm *c, ncfsm_guard_t g) {
     case NCFSM_GUARD_NO_GROUP_OPS: return c->ngroup == 0;
     case NCFSM_GUARD_GROUP_THREAD: return c->ngroup == 0 || caller_owns_group(c);
     case NCFSM_GUARD_DRAINED: return c->ngroup == 0 && !c->bq_head && !c->launching;
+    case NCFSM_GUARD_WAS_REVOKED: return c->was_revoked;
     case NCFSM_GUARD_IDLE: return c->ngroup == 0 && !c->bq_head && !c->launching && no_inflight(c);
     case NCFSM_GUARD_COUNT: break;
   }

@@ -161,6 +161,13 @@ struct ncfsm_comm {
   uint64_t be_calls;   /* backend calls made for this comm (not polls/events): tests */
   char last_error[512];
   char failure[512];   /* the message of the failure that ended its healthy life */
+  /* split, shrink, grow (fsm/split.c) */
+  ncfsm_comm *split_child;  /* parent: the child its issued call makes (held: refs) */
+  ncfsm_comm *split_parent; /* child: the parent whose call writes its handle */
+  void *split_bcomm;        /* child: where the backend writes its handle (R8) */
+  uint64_t nsplits;         /* parent: calls issued (child comm ids derive from it) */
+  bool was_revoked;         /* guard WAS_REVOKED: a shrink of a revoked comm */
+  bool grow_id_made;        /* ncfsm_comm_grow_id ran here: this rank passes the id to NCCL */
   uint64_t state_since_ns; /* when it entered its current state */
   uint64_t created_ns;
 };
@@ -342,6 +349,18 @@ bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now);
 void ncfsm__strict_forget(ncfsm_work *w);
 /* act_fail_mismatched: fail c->mismatched's whole batch with MISMATCH. */
 void ncfsm__strict_fail_batch(ncfsm_comm *c);
+
+/* ---- split.c ---- */
+/* The parent's call is final (its async state is back): fire SPLIT_DONE. */
+void ncfsm__split_final(ncfsm_comm *parent);
+/* act_hand_children: give the child its handle. */
+void ncfsm__split_hand(ncfsm_comm *parent);
+/* INIT_DONE of a split child: ask the backend for its rank and size (false:
+ * the child failed). */
+bool ncfsm__split_geometry(ncfsm_comm *c);
+/* The parent failed or was aborted before its call was final: the child
+ * fails with the reason. */
+void ncfsm__split_orphan(ncfsm_comm *parent, const char *why);
 
 /* ---- progress.c ---- */
 void ncfsm__progress(ncfsm_loop *loop);

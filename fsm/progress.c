@@ -34,6 +34,8 @@ static ncfsm_event_t success_event(ncfsm_state_t s) {
     case NCFSM_STATE_DRAIN_LAUNCH_IN_PROGRESS: return NCFSM_EV_LAUNCH_FINAL;
     case NCFSM_STATE_FINALIZING: return NCFSM_EV_FINALIZE_DONE;
     case NCFSM_STATE_REVOKING: return NCFSM_EV_REVOKE_DONE;
+    case NCFSM_STATE_SPLITTING:
+    case NCFSM_STATE_SHRINKING: return NCFSM_EV_SPLIT_DONE;
     default: return NCFSM_EVENT_COUNT; /* a watch of a settled comm */
   }
 }
@@ -42,6 +44,12 @@ static bool poll_comm(ncfsm_comm *c) {
   int st = NCFSM__NCCL_SUCCESS;
   int rc = c->be->get_async_error(c->bcomm, &st);
   if (rc != NCFSM__NCCL_SUCCESS) st = rc;
+  if (NCFSM__IS_ERR(st) && c->state == NCFSM_STATE_SHRINKING) {
+    /* A failed parent keeps its error: its shrink is final once the state
+     * is not InProgress any more (R7). */
+    ncfsm__fire(c, NCFSM_EV_SPLIT_DONE, NCFSM_OK);
+    return true;
+  }
   if (NCFSM__IS_ERR(st)) {
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(st), st,
                      c->state == NCFSM_STATE_REVOKING ? "ncclCommGetAsyncError after ncclCommRevoke (the "
@@ -52,6 +60,9 @@ static bool poll_comm(ncfsm_comm *c) {
   if (st == NCFSM__NCCL_IN_PROGRESS) return false;
   ncfsm_event_t ev = success_event(c->state);
   if (ev == NCFSM_EVENT_COUNT) return false;
+  /* A split child learns its rank and size from NCCL only now (R2: NCCL
+   * answers them once the init is done); a failure fails it instead. */
+  if (ev == NCFSM_EV_INIT_DONE && c->nranks <= 0 && !ncfsm__split_geometry(c)) return true;
   ncfsm__fire(c, ev, NCFSM_OK);
   return true;
 }

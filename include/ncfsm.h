@@ -337,6 +337,41 @@ uint64_t ncfsm_comm_hash(const ncfsm_comm *comm);
  * 0 = no limit). A watchdog timeout of the comm is a failure (ERROR). */
 ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *comm, ncfsm_state_t s, uint64_t timeout_ms);
 
+/* ---- communicators made from communicators (R7, R8; docs/recovery.md) --------
+ * The child is a comm made with ncfsm_comm_new on the parent's loop (its
+ * options are the child's configuration: blocking, device, timeout, name...;
+ * verification must be off: a child has no bootstrap) and still NEW. The
+ * call is issued on the loop thread; the parent is then SPLITTING (or
+ * SHRINKING) until NCCL wrote the child's handle, which happens when the
+ * parent's async state polls back to success (R8); the child is
+ * INIT_IN_PROGRESS meanwhile, then polls its own init to READY. Ops on the
+ * child queue as during init. A parent that fails or is aborted first fails
+ * its child. Every rank of the parent must make the same call (except the
+ * ranks a shrink excludes). */
+#define NCFSM_SPLIT_NOCOLOR (-1) /* this rank takes part but gets no child (child NULL) */
+/* ncclCommSplit: ranks with the same color form one child, ordered by key. */
+ncfsm_result_t ncfsm_comm_split(ncfsm_comm *parent, int color, int key, ncfsm_comm *child);
+#define NCFSM_SHRINK_DEFAULT 0 /* the parent has no unfinished work; it stays usable */
+#define NCFSM_SHRINK_ABORT 1   /* the parent's work is terminated first; abort the parent afterwards */
+/* ncclCommShrink (NCCL >= 2.27): the survivors (every rank not in exclude,
+ * parent ranks) make the child, ranks renumbered in parent order; the excluded
+ * ranks must not call it. Legal on a READY comm (DEFAULT: no unfinished work),
+ * on a failed comm (ERROR: NCFSM_SHRINK_ABORT) and on a REVOKED one. After an
+ * ABORT-mode shrink, or one of a failed or revoked comm, the parent ends in
+ * ERROR (or REVOKED): abort it, never destroy it (R7). */
+ncfsm_result_t ncfsm_comm_shrink(ncfsm_comm *parent, const int *exclude, int nexclude, int flags,
+                                 ncfsm_comm *child);
+/* ncclCommGetUniqueId (NCCL >= 2.29): the id of a grow, made on one existing
+ * rank and shared with every rank of the grow (existing and joining).
+ * NCFSM_ERR_UNSUPPORTED when the runtime has no ncclCommGrow. */
+ncfsm_result_t ncfsm_comm_grow_id(ncfsm_comm *parent, ncfsm_unique_id *id);
+/* ncclCommGrow (NCCL >= 2.29): existing ranks pass their READY parent (no
+ * unfinished work) and rank -1; joining ranks pass parent NULL and their new
+ * rank (from the parent's size up). Every rank passes the same id (NCCL gets
+ * it only from the rank that made it). */
+ncfsm_result_t ncfsm_comm_grow(ncfsm_comm *parent, int nranks, const ncfsm_unique_id *id, int rank,
+                               ncfsm_comm *child);
+
 ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *comm);
 ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *comm);
 ncfsm_result_t ncfsm_comm_abort(ncfsm_comm *comm);

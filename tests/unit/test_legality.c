@@ -16,17 +16,37 @@
 #include "helpers.h"
 
 static int32_t sbuf[16], rbuf[16];
-static int32_t setup_s[16], setup_r[16]; /* ops made while entering a state: no R12 overlap */
+static ncfsm_comm *kids[2]; /* children made by a recipe and by the call: torn down after each cell */
+static int nkids;
 
-/* Put c[0] (rank 0 of a clique of 1, or of 2 for INIT_IN_PROGRESS) in state s.
- * Returns false for a state the sim cannot hold still from outside (CLOSING). */
-static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *n) {
-  ncfsm_sim_opts so;
+static bool is_shrink(ncfsm_call_t k) { return k == NCFSM_CALL_SHRINK || k == NCFSM_CALL_SHRINK_ABORT; }
+
+static ncfsm_comm *new_child(ncfsm_loop *loop) {
+  static ncfsm_sim_opts so;
   ncfsm_comm_opts o;
   test_sim_opts(&so);
   test_comm_opts(&o, &so);
+  o.name = "child";
+  ncfsm_comm *ch;
+  assert_int_equal(ncfsm_comm_new(loop, &o, &ch), NCFSM_OK);
+  kids[nkids++] = ch;
+  return ch;
+}
+static int32_t setup_s[16], setup_r[16]; /* ops made while entering a state: no R12 overlap */
+
+/* Put c[0] (rank 0 of a clique of 1, or of 2 for INIT_IN_PROGRESS and, with
+ * two, for the states where a shrink is legal: a shrink needs a rank to
+ * exclude) in state s. Returns false for a state the sim cannot hold still
+ * from outside (CLOSING). */
+static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *n, bool two) {
+  static ncfsm_sim_opts so; /* outlives the comms: ncfsm_comm_new copies it, a grow child keeps none */
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  so.has_grow = 1;
   o.on_error = NCFSM_ON_ERROR_STAY;
   *n = 1;
+  if (s == NCFSM_STATE_SHRINKING) two = true;
   ncfsm_unique_id id;
   switch (s) {
     case NCFSM_STATE_CLOSING:
@@ -56,9 +76,12 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
       break;
     case NCFSM_STATE_FINALIZING: so.finalize_polls = NEVER; break;
     case NCFSM_STATE_REVOKING: so.revoke_polls = NEVER; break;
+    case NCFSM_STATE_SPLITTING:
+    case NCFSM_STATE_SHRINKING: so.split_polls = NEVER; break;
     default: break;
   }
-  make_comms(loop, 1, &o, c, 0);
+  *n = two ? 2 : 1;
+  make_comms(loop, *n, &o, c, 0);
   run_until_state(loop, c[0], NCFSM_STATE_READY);
   switch (s) {
     case NCFSM_STATE_READY: break;
@@ -102,6 +125,14 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
     case NCFSM_STATE_CLOSED:
       assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
       break;
+    case NCFSM_STATE_SPLITTING: /* the parent never polls back to success */
+      assert_int_equal(ncfsm_comm_split(c[0], 0, 0, new_child(loop)), NCFSM_OK);
+      break;
+    case NCFSM_STATE_SHRINKING: { /* rank 1 is excluded; the parent never polls back */
+      int ex = 1;
+      assert_int_equal(ncfsm_comm_shrink(c[0], &ex, 1, NCFSM_SHRINK_ABORT, new_child(loop)), NCFSM_OK);
+      break;
+    }
     default:
       fail_msg("no recipe for state %s", ncfsm_state_name(s));
   }
@@ -112,7 +143,15 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
 
 static ncfsm_result_t make_call(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_call_t call) {
   ncfsm_unique_id id;
+  int ex = 1;
   switch (call) {
+    case NCFSM_CALL_SPLIT: return ncfsm_comm_split(c, 0, 0, new_child(loop));
+    case NCFSM_CALL_SHRINK: return ncfsm_comm_shrink(c, &ex, 1, NCFSM_SHRINK_DEFAULT, new_child(loop));
+    case NCFSM_CALL_SHRINK_ABORT: return ncfsm_comm_shrink(c, &ex, 1, NCFSM_SHRINK_ABORT, new_child(loop));
+    case NCFSM_CALL_GROW: /* the id comes from a READY comm; elsewhere the call is refused first */
+      memset(&id, 0, sizeof id);
+      if (ncfsm_comm_state(c) == NCFSM_STATE_READY) assert_int_equal(ncfsm_comm_grow_id(c, &id), NCFSM_OK);
+      return ncfsm_comm_grow(c, 3, &id, -1, new_child(loop));
     case NCFSM_CALL_INIT:
       assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
       return ncfsm_comm_init(c, 1, 0, &id);
@@ -160,7 +199,8 @@ static void test_every_cell(void **state) {
       assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
       ncfsm_comm *c[2] = {NULL, NULL};
       int n;
-      if (!enter_state(loop, (ncfsm_state_t)s, c, &n)) {
+      nkids = 0;
+      if (!enter_state(loop, (ncfsm_state_t)s, c, &n, is_shrink((ncfsm_call_t)k) || k == NCFSM_CALL_GROW)) {
         /* CLOSING: every call is refused; the hint says to wait for CLOSED. */
         if (d != NCFSM_REJECT) fail_msg("%s: a call is accepted while closing", where);
         table_only++;
@@ -205,6 +245,11 @@ static void test_every_cell(void **state) {
       }
       cells++;
       if (ncfsm_group_depth(loop) > 0) ncfsm_group_end(loop);
+      for (int i = 0; i < nkids; i++) {
+        if (ncfsm_comm_state(kids[i]) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(kids[i]);
+        ncfsm_comm_release(kids[i]);
+      }
+      nkids = 0;
       teardown_all(loop, c, n);
     }
   }
