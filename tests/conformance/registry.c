@@ -13,13 +13,7 @@ extern const scen_t scen_finalize_once, scen_finalize_twice, scen_destroy_after_
     scen_destroy_poisoned_cascade, scen_destroy_inprogress_cascade;
 extern const scen_t scen_abort_in_flight;
 extern const scen_t scen_revoke, scen_revoke_absent_sim, scen_revoke_absent_sim_knob;
-
-/* R8: nothing to run through core/backend.h (no split entry point). */
-static const scen_t scen_split_child_handle = {
-    .id = "split_child_handle", .rule = "R8", .title = "split child handle valid only after the parent polls to success",
-    .sim_has_revoke = -1,
-    .skip = "the backend interface (core/backend.h) has no split entry point; nothing to call",
-};
+extern const scen_t scen_split_child_handle, scen_shrink_default, scen_shrink_abort_stuck;
 
 const scen_t *const scenarios[] = {
     &scen_init,
@@ -45,5 +39,7 @@ const scen_t *const scenarios[] = {
     &scen_blocking_then_nonblocking_groups,
     &scen_abort_in_flight,
     &scen_split_child_handle,
+    &scen_shrink_default,
+    &scen_shrink_abort_stuck,
 };
 const int nscenarios = (int)(sizeof scenarios / sizeof scenarios[0]);
