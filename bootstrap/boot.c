@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "bootstrap/boot-internal.h"
+#include "bootstrap/sha256.h"
 
 static _Thread_local char open_err[NCFSM__BOOT_ERRLEN];
 
@@ -45,6 +46,15 @@ void ncfsm_boot_opts_init(ncfsm_boot_opts *o) {
   o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_BOOTSTRAP_TIMEOUT_MS", 60000);
   o->local_group = ncfsm__env_str("NCFSM_LOCAL_GROUP", "default");
   o->store_value_max = (size_t)ncfsm__env_ll("NCFSM_STORE_VALUE_MAX", 1 << 20);
+  o->rank_secret = ncfsm__env_str("NCFSM_STORE_RANK_SECRET", NULL);
+}
+
+ncfsm_result_t ncfsm_boot_rank_secret(const char *token, int rank, int size, char out[65]) {
+  if (out) out[0] = 0;
+  if (!token || !*token || !out || size < 1 || rank < 0 || rank >= size)
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm__rank_secret(token, (uint32_t)rank, (uint32_t)size, out);
+  return NCFSM_OK;
 }
 
 void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap) {

@@ -38,6 +38,8 @@ typedef struct ncfsm__store_opts {
   int rejoin;                /* a rank whose connection ended may HELLO again (default 0: no) */
   uint32_t auth_fail_burst;  /* failed HELLOs per peer address before throttling; 10 */
   uint32_t auth_fail_per_s;  /* then this many per second (refused: "throttled"); 2 */
+  int rank_secrets;          /* a ranked HELLO must carry its rank's secret
+                                (ncfsm_boot_rank_secret), not the job token */
 } ncfsm__store_opts;
 
 typedef struct ncfsm__store_stats {

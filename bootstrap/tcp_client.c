@@ -23,6 +23,7 @@
 
 #include "bootstrap/boot-internal.h"
 #include "bootstrap/frame.h"
+#include "bootstrap/sha256.h"
 #include "bootstrap/tcp-internal.h"
 
 #define SUB NCFSM__SUB_BOOT
@@ -42,7 +43,7 @@ typedef struct tcp_impl {
   struct bufferevent *bev;
   struct evbuffer *queued; /* frames posted before the store accepted the HELLO */
   int connected, hello_ok, dead;
-  char *token;
+  char *token; /* what the HELLO carries: the job token, or this rank's secret */
   uint64_t deadline_ns;
   struct event *retry_ev;
   int retry_ms, attempts;
@@ -245,12 +246,23 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
                        o->rank, o->size);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  if (!o->token || !*o->token) {
+  int has_secret = o->rank_secret && *o->rank_secret;
+  if ((!o->token || !*o->token) && !has_secret) {
     ncfsm__boot_seterr(b, "tcp bootstrap needs a job token: set NCFSM_STORE_TOKEN to the same "
-                          "secret for every rank (e.g. `openssl rand -hex 16`)");
+                          "secret for every rank (e.g. `openssl rand -hex 16`), or this rank's "
+                          "NCFSM_STORE_RANK_SECRET");
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  if (strlen(o->token) > NCFSM__FRAME_KEY_MAX) {
+  if (o->host_store && o->rank == 0 && (!o->token || !*o->token)) {
+    ncfsm__boot_seterr(b, "rank 0 hosts the store (NCFSM_STORE_HOST=1) and needs the job token: "
+                          "set NCFSM_STORE_TOKEN");
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (has_secret && strlen(o->rank_secret) > NCFSM__FRAME_KEY_MAX) {
+    ncfsm__boot_seterr(b, "NCFSM_STORE_RANK_SECRET longer than %u bytes", NCFSM__FRAME_KEY_MAX);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (!has_secret && strlen(o->token) > NCFSM__FRAME_KEY_MAX) {
     ncfsm__boot_seterr(b, "NCFSM_STORE_TOKEN longer than %u bytes", NCFSM__FRAME_KEY_MAX);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
@@ -277,7 +289,7 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
     free(t);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  t->token = strdup(o->token);
+  t->token = strdup(has_secret ? o->rank_secret : o->token);
   t->queued = evbuffer_new();
   t->retry_ev = evtimer_new(b->base, retry_cb, t);
   if (!t->token || !t->queued || !t->retry_ev) goto nomem;
@@ -288,6 +300,14 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
     so.listen = t->addr;
     so.token = o->token;
     if (o->store_value_max) so.value_max = (uint32_t)o->store_value_max;
+    if (so.rank_secrets && !has_secret) { /* rank 0 has the token: its own secret from it */
+      char sec[65];
+      ncfsm__rank_secret(o->token, 0, (uint32_t)o->size, sec);
+      free(t->token);
+      t->token = strdup(sec);
+      memset(sec, 0, sizeof sec);
+      if (!t->token) goto nomem;
+    }
     if (ncfsm__store_open(b->base, &so, &t->hosted, err, sizeof err) != 0) {
       ncfsm__boot_seterr(b, "rank 0 cannot host the store: %s", err);
       goto fail;

@@ -59,6 +59,7 @@
 #include <xxhash.h>
 
 #include "bootstrap/frame.h"
+#include "bootstrap/sha256.h"
 #include "bootstrap/tcp-internal.h"
 #include "core/log.h"
 
@@ -674,13 +675,28 @@ static const char *handle_hello(struct sconn *c, const ncfsm__frame *f, char *bu
              t->fails, wait_ms);
     return buf;
   }
-  if (!ncfsm__ct_equal(f->key, f->klen, s->token, s->toklen)) {
+  uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
+  if (s->o.rank_secrets && size > 0 && rank < size) { /* the rank's own secret, not the token */
+    char secret[65];
+    ncfsm__rank_secret((const char *)s->token, rank, size, secret);
+    int ok = ncfsm__ct_equal(f->key, f->klen, secret, 64);
+    memset(secret, 0, sizeof secret);
+    if (!ok) {
+      s->st.rejected_token++;
+      t->tokens -= 1.0;
+      t->fails++;
+      snprintf(buf, n, "bad token: this store takes per-rank secrets and the HELLO of rank %u of "
+                       "%u did not carry that rank's (NCFSM_STORE_RANK_SECRET; `ncfsm-store "
+                       "--print-rank-secret %u/%u` prints it from the job token)",
+               rank, size, rank, size);
+      return buf;
+    }
+  } else if (!ncfsm__ct_equal(f->key, f->klen, s->token, s->toklen)) {
     s->st.rejected_token++;
     t->tokens -= 1.0;
     t->fails++;
     return "bad token: HELLO did not carry this job's NCFSM_STORE_TOKEN";
   }
-  uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
   if (size > 0) {
     if (rank >= size) {
       snprintf(buf, n, "HELLO rank %u is not below its size %u", rank, size);
@@ -1269,6 +1285,8 @@ void ncfsm__store_opts_env(ncfsm__store_opts *o) {
   env_u64("NCFSM_STORE_AUTH_FAIL_PER_S", &v);
   o->auth_fail_per_s = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
   if (getenv("NCFSM_STORE_REJOIN")) o->rejoin = ncfsm__env_ll("NCFSM_STORE_REJOIN", 0) != 0;
+  if (getenv("NCFSM_STORE_RANK_SECRETS"))
+    o->rank_secrets = ncfsm__env_ll("NCFSM_STORE_RANK_SECRETS", 0) != 0;
   if (getenv("NCFSM_STORE_ALLOW_REMOTE"))
     o->allow_remote = ncfsm__env_ll("NCFSM_STORE_ALLOW_REMOTE", 0) != 0;
 }

@@ -22,6 +22,7 @@
 #include <event2/event.h>
 
 #include "bootstrap/tcp-internal.h"
+#include "ncfsm/bootstrap.h"
 #include "core/log.h"
 
 static void usage(FILE *f) {
@@ -46,7 +47,9 @@ static void usage(FILE *f) {
              "  --max-parked N         parked requests per connection (1024)\n"
              "  --auth-fail-burst N    failed HELLOs per address before throttling (10)\n"
              "  --auth-fail-per-s N    then this many per second (2)\n"
-             "  --rejoin               a rank whose connection ended may connect again\n");
+             "  --rejoin               a rank whose connection ended may connect again\n"
+             "  --rank-secrets         a rank's HELLO must carry its secret, not the token\n"
+             "  --print-rank-secret R/N  print rank R of N's secret (from the token) and exit\n");
 }
 
 /* A positive integer no larger than max (decimal, or 0x hex); else a clear
@@ -116,11 +119,12 @@ int main(int argc, char **argv) {
   o.token = ncfsm__env_str("NCFSM_STORE_TOKEN", NULL);
   ncfsm__store_opts_env(&o);
   int print_port = 0;
+  const char *secret_of = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const num_flag *nf = find_num_flag(a);
     int takes_value = !strcmp(a, "--listen") || !strcmp(a, "--token") || !strcmp(a, "--value-max") ||
-                      !strcmp(a, "--max-bytes") || nf;
+                      !strcmp(a, "--max-bytes") || !strcmp(a, "--print-rank-secret") || nf;
     if (takes_value && i + 1 >= argc) {
       fprintf(stderr, "ncfsm-store: %s needs a value\n", a);
       usage(stderr);
@@ -142,6 +146,10 @@ int main(int argc, char **argv) {
       set_num(&o, a, x);
     } else if (!strcmp(a, "--rejoin")) {
       o.rejoin = 1;
+    } else if (!strcmp(a, "--rank-secrets")) {
+      o.rank_secrets = 1;
+    } else if (!strcmp(a, "--print-rank-secret")) {
+      secret_of = argv[++i];
     } else if (!strcmp(a, "--allow-remote")) {
       o.allow_remote = 1;
     } else if (!strcmp(a, "--print-port")) {
@@ -154,6 +162,23 @@ int main(int argc, char **argv) {
       usage(stderr);
       return 2;
     }
+  }
+  if (secret_of) { /* for launchers: rank R of N's secret */
+    unsigned r, n;
+    char end;
+    char out[65];
+    if (sscanf(secret_of, "%u/%u%c", &r, &n, &end) != 2 || r >= n || n > (1u << 22)) {
+      fprintf(stderr, "ncfsm-store: --print-rank-secret '%s': expected RANK/SIZE with RANK < SIZE\n",
+              secret_of);
+      return 2;
+    }
+    if (ncfsm_boot_rank_secret(o.token, (int)r, (int)n, out) != NCFSM_OK) {
+      fprintf(stderr, "ncfsm-store: --print-rank-secret needs the job token: set "
+                      "NCFSM_STORE_TOKEN or --token\n");
+      return 1;
+    }
+    printf("%s\n", out);
+    return 0;
   }
   signal(SIGPIPE, SIG_IGN);
   struct event_base *base = event_base_new();

@@ -46,6 +46,11 @@ typedef struct ncfsm_boot_opts {
   /* tcp: largest value the store accepts (NCFSM_STORE_VALUE_MAX, default 1 MiB);
    * keys are at most 512 bytes. */
   size_t store_value_max;
+  /* tcp: this rank's secret (NCFSM_STORE_RANK_SECRET), sent instead of the
+   * job token; required by a store started with --rank-secrets
+   * (NCFSM_STORE_RANK_SECRETS=1). A launcher derives it from the token with
+   * ncfsm_boot_rank_secret and gives each rank only its own. */
+  const char *rank_secret;
 } ncfsm_boot_opts;
 
 void ncfsm_boot_opts_init(ncfsm_boot_opts *o); /* defaults, then environment */
@@ -67,6 +72,11 @@ const char *ncfsm_boot_last_error(const ncfsm_boot *b);
 const char *ncfsm_boot_open_error(void);
 /* "pmix", "tcp", "local". */
 const char *ncfsm_boot_kind_name(ncfsm_boot_kind_t k);
+/* The tcp store's secret of rank of a job of size ranks, derived from the job
+ * token (64 hex characters of HMAC-SHA256, and a NUL, into out). A rank that
+ * has it can claim only that rank of a store started with --rank-secrets.
+ * NCFSM_ERR_INVALID_ARGUMENT for an empty token or rank not in [0, size). */
+ncfsm_result_t ncfsm_boot_rank_secret(const char *token, int rank, int size, char out[65]);
 
 /* Allgather of len bytes per rank: recv holds size * len bytes, rank-major.
  * Calls must be made in the same order on every rank. */

@@ -885,6 +885,61 @@ static void test_impostor(void **state) {
   store_stop(&sp, NULL, 0);
 }
 
+/* With per-rank secrets (NCFSM_STORE_RANK_SECRETS=1) an impostor that holds
+ * another rank's secret cannot claim rank 1 at all, even first: the job runs
+ * with the real rank 1's bytes. */
+static void test_impostor_rank_secrets(void **state) {
+  (void)state;
+  store_proc sp;
+  const char *env[] = {"NCFSM_STORE_RANK_SECRETS=1", NULL};
+  store_spawn(&sp, env, 0);
+  struct event_base *base = bt_base();
+  char sec[3][65], addr[64];
+  for (int r = 0; r < 3; r++) ncfsm_boot_rank_secret(TOKEN, r, 3, sec[r]);
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", sp.port);
+  ncfsm_boot *b[4];
+  for (int i = 0; i < 4; i++) { /* 0: the impostor, rank 1 with rank 2's secret; then ranks 0..2 */
+    ncfsm_boot_opts o;
+    ncfsm_boot_opts_init(&o);
+    o.kind = NCFSM_BOOT_TCP;
+    o.store_addr = addr;
+    o.token = NULL;
+    o.rank = i == 0 ? 1 : i - 1;
+    o.size = 3;
+    o.rank_secret = i == 0 ? sec[2] : sec[i - 1];
+    o.timeout_ms = 10000;
+    assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &b[i]));
+  }
+  unsigned char send[4][16], recv[4][48];
+  ncfsm_boot_req *req[4];
+  memset(send[0], 0xEE, 16);
+  for (int i = 1; i < 4; i++) bt_fill(send[i], 16, i - 1, 0);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(NCFSM_OK, ncfsm_boot_allgather_post(b[i], send[i], recv[i], 16, &req[i]));
+  bt_wait_all(base, req, 4);
+  ncfsm_result_t st[4];
+  for (int i = 0; i < 4; i++) st[i] = ncfsm_boot_test(req[i]);
+  char e[512];
+  snprintf(e, sizeof e, "%s", ncfsm_boot_last_error(b[0]));
+  row w = {.attack = "impostor-secrets"};
+  snprintf(w.outcome, sizeof w.outcome,
+           "with per-rank secrets, an impostor holding rank 2's secret claims rank 1: impostor %s "
+           "(\"%.200s\"); ranks 0, 1, 2: %s, %s, %s",
+           ncfsm_strerror(st[0]), e, ncfsm_strerror(st[1]), ncfsm_strerror(st[2]),
+           ncfsm_strerror(st[3]));
+  row_emit(&w, NULL, &sp);
+  for (int i = 0; i < 4; i++) ncfsm_boot_req_free(req[i]);
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, st[0]);
+  assert_non_null(strstr(e, "did not carry that rank's"));
+  for (int i = 1; i < 4; i++) {
+    assert_int_equal(NCFSM_OK, st[i]);
+    bt_check(recv[i], 16, 3, 0);
+  }
+  for (int i = 3; i >= 0; i--) ncfsm_boot_close(b[i]);
+  event_base_free(base);
+  store_stop(&sp, NULL, 0);
+}
+
 /* ---- 6. failed authentication, throttled per address ---------------------------------------- */
 
 typedef struct hello_arg {
@@ -980,6 +1035,7 @@ int main(int argc, char **argv) {
       AT_TEST(test_rank_closed),
       AT_TEST(test_rejoin_policy),
       AT_TEST(test_impostor),
+      AT_TEST(test_impostor_rank_secrets),
       AT_TEST(test_slow_frames),
       AT_TEST(test_unread_replies),
       AT_TEST(test_conn_limit),

@@ -9,6 +9,7 @@
 
 #include "tests/bootstrap/boot_test.h"
 #include "bootstrap/frame.h"
+#include "bootstrap/sha256.h"
 #include "bootstrap/tcp-internal.h"
 
 #define TOKEN "test-token-0123456789abcdef"
@@ -29,7 +30,7 @@ static void *store_main(void *p) {
   return NULL;
 }
 
-static void store_start(store_thread *t, uint64_t auth_timeout_ms) {
+static void store_start_secrets(store_thread *t, uint64_t auth_timeout_ms, int rank_secrets) {
   memset(t, 0, sizeof *t);
   t->base = bt_base();
   ncfsm__store_opts o;
@@ -37,11 +38,16 @@ static void store_start(store_thread *t, uint64_t auth_timeout_ms) {
   o.listen = "127.0.0.1:0";
   o.token = TOKEN;
   if (auth_timeout_ms) o.auth_timeout_ms = auth_timeout_ms;
+  o.rank_secrets = rank_secrets;
   char err[256];
   assert_int_equal(0, ncfsm__store_open(t->base, &o, &t->s, err, sizeof err));
   t->port = ncfsm__store_port(t->s);
   assert_true(t->port > 0);
   assert_int_equal(0, pthread_create(&t->th, NULL, store_main, t));
+}
+
+static void store_start(store_thread *t, uint64_t auth_timeout_ms) {
+  store_start_secrets(t, auth_timeout_ms, 0);
 }
 
 static void store_stop(store_thread *t) {
@@ -507,6 +513,99 @@ static void test_rank_rules(void **state) {
   assert_int_equal(0, (int)st.st.rank_conflicts);
 }
 
+/* ---- per-rank secrets ------------------------------------------------------------- */
+
+static void hex32(const uint8_t *p, char *out) {
+  for (int i = 0; i < 32; i++) sprintf(out + 2 * i, "%02x", p[i]);
+}
+
+static void test_sha256_vectors(void **state) {
+  (void)state;
+  uint8_t o[32];
+  char h[65];
+  ncfsm__sha256 c;
+  ncfsm__sha256_init(&c);
+  ncfsm__sha256_update(&c, "abc", 3); /* FIPS 180-4 */
+  ncfsm__sha256_final(&c, o);
+  hex32(o, h);
+  assert_string_equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", h);
+  ncfsm__sha256_init(&c); /* two blocks, fed in pieces */
+  const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  ncfsm__sha256_update(&c, m, 10);
+  ncfsm__sha256_update(&c, m + 10, strlen(m) - 10);
+  ncfsm__sha256_final(&c, o);
+  hex32(o, h);
+  assert_string_equal("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1", h);
+  uint8_t key[131];
+  memset(key, 0x0b, 20); /* RFC 4231 test case 1 */
+  ncfsm__hmac_sha256(key, 20, "Hi There", 8, o);
+  hex32(o, h);
+  assert_string_equal("b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7", h);
+  memset(key, 0xaa, sizeof key); /* test case 6: a key longer than a block */
+  const char *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+  ncfsm__hmac_sha256(key, sizeof key, m6, strlen(m6), o);
+  hex32(o, h);
+  assert_string_equal("60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54", h);
+  /* the public helper (python: hmac.new(b"tok", b"ncfsm-rank-secret/v1 1/4", sha256)) */
+  char s[65];
+  assert_int_equal(NCFSM_OK, ncfsm_boot_rank_secret("tok", 1, 4, s));
+  assert_string_equal("d3500bfc068aff31da829eacd6847900ae9a71ec8e73dfcf8ae7f22a18e0121a", s);
+  assert_int_equal(NCFSM_ERR_INVALID_ARGUMENT, ncfsm_boot_rank_secret("tok", 4, 4, s));
+  assert_int_equal(NCFSM_ERR_INVALID_ARGUMENT, ncfsm_boot_rank_secret("", 0, 4, s));
+}
+
+static ncfsm_boot *open_secret(struct event_base *base, int port, int rank, int size,
+                               const char *token, const char *secret) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  o.kind = NCFSM_BOOT_TCP;
+  o.store_addr = addr;
+  o.token = token;
+  o.rank_secret = secret;
+  o.rank = rank;
+  o.size = size;
+  o.host_store = 0;
+  o.timeout_ms = 5000;
+  ncfsm_boot *b = NULL;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &b));
+  return b;
+}
+
+static void test_rank_secrets(void **state) {
+  (void)state;
+  store_thread st;
+  store_start_secrets(&st, 0, 1);
+  struct event_base *base = bt_base();
+  char s0[65], s1[65];
+  ncfsm_boot_rank_secret(TOKEN, 0, 2, s0);
+  ncfsm_boot_rank_secret(TOKEN, 1, 2, s1);
+  int x = 1, y[2];
+  /* rank 1 with rank 0's secret, and rank 1 with the job token: both refused */
+  ncfsm_boot *bad = open_secret(base, st.port, 1, 2, NULL, s0);
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_allgather(bad, &x, y, sizeof x));
+  assert_non_null(strstr(ncfsm_boot_last_error(bad), "did not carry that rank's"));
+  ncfsm_boot_close(bad);
+  bad = open_secret(base, st.port, 1, 2, TOKEN, NULL);
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_allgather(bad, &x, y, sizeof x));
+  assert_non_null(strstr(ncfsm_boot_last_error(bad), "--print-rank-secret 1/2"));
+  ncfsm_boot_close(bad);
+  /* each rank with its own secret (and no token) */
+  ncfsm_boot *bs[2] = {open_secret(base, st.port, 0, 2, NULL, s0),
+                       open_secret(base, st.port, 1, 2, NULL, s1)};
+  round_all(base, bs, 2, 2, 8, 0);
+  /* a tool without a rank still uses the token */
+  int fd = raw_connect(st.port);
+  raw_hello(fd, TOKEN);
+  close(fd);
+  ncfsm_boot_close(bs[0]);
+  ncfsm_boot_close(bs[1]);
+  event_base_free(base);
+  store_stop(&st);
+  assert_int_equal(2, (int)st.st.rejected_token);
+}
+
 /* ---- failures --------------------------------------------------------------- */
 
 static void kill_cb(evutil_socket_t fd, short what, void *arg) {
@@ -622,6 +721,8 @@ int main(void) {
       BT_TEST(test_missing_token_rejected_at_open),
       BT_TEST(test_bad_frames_close_only_that_connection),
       BT_TEST(test_rank_rules),
+      BT_TEST(test_sha256_vectors),
+      BT_TEST(test_rank_secrets),
       BT_TEST(test_unreachable_store_times_out),
       BT_TEST(test_env_selects_tcp),
   };
