@@ -6,12 +6,15 @@
  *   | u32 key length | u32 value length | key | value
  *
  * id is chosen by the client and echoed in the reply (replies to parked GETs
- * come out of order). Requests: HELLO (key = job token, value = u32 rank,
- * u32 size), SET, GET (parks until the key exists), ADD (value = i64 delta;
+ * come out of order). Requests: HELLO (key = job token, or the rank's secret
+ * under --rank-secrets; value = u32 rank, u32 size; size 0: a client without a
+ * rank), SET, GET (parks until the key exists), ADD (value = i64 delta;
  * reply = i64 new value), WAIT (parks until the key exists; empty reply),
  * GATHER (key = collective name, value = u32 rank, u32 size, data; the reply,
  * once all size ranks contributed, is the rank-major concatenation).
- * Replies: OK (value = result), ERR (value = message).
+ * Replies: OK (value = result), ERR (value = message; with id 0, the store
+ * refusing the HELLO or closing the connection, the message starting with the
+ * reason: "bad token", "throttled", "store busy", ...).
  *
  * The parser is a pure function so it can be fuzzed (tests/bootstrap/fuzz_frame.c).
  */
