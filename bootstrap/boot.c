@@ -12,7 +12,7 @@
 #include <event2/event.h>
 
 #include "bootstrap/boot-internal.h"
-#include "bootstrap/sha256.h"
+#include "bootstrap/secret.h"
 
 static _Thread_local char open_err[NCFSM__BOOT_ERRLEN];
 

@@ -23,7 +23,7 @@
 
 #include "bootstrap/boot-internal.h"
 #include "bootstrap/frame.h"
-#include "bootstrap/sha256.h"
+#include "bootstrap/secret.h"
 #include "bootstrap/tcp-internal.h"
 
 #define SUB NCFSM__SUB_BOOT

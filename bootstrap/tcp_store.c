@@ -59,7 +59,7 @@
 #include <xxhash.h>
 
 #include "bootstrap/frame.h"
-#include "bootstrap/sha256.h"
+#include "bootstrap/secret.h"
 #include "bootstrap/tcp-internal.h"
 #include "core/log.h"
 

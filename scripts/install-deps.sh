@@ -2,7 +2,7 @@
 # Install the Debian packages ncfsm needs to build and test; uses sudo only
 # when not root, and does nothing when everything is present already.
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev
+pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev libssl-dev
       libxxhash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
       libclang-rt-dev prometheus curl)
 missing=()

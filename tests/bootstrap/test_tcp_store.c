@@ -9,7 +9,7 @@
 
 #include "tests/bootstrap/boot_test.h"
 #include "bootstrap/frame.h"
-#include "bootstrap/sha256.h"
+#include "bootstrap/secret.h"
 #include "bootstrap/tcp-internal.h"
 
 #define TOKEN "test-token-0123456789abcdef"
@@ -523,27 +523,14 @@ static void test_sha256_vectors(void **state) {
   (void)state;
   uint8_t o[32];
   char h[65];
-  ncfsm__sha256 c;
-  ncfsm__sha256_init(&c);
-  ncfsm__sha256_update(&c, "abc", 3); /* FIPS 180-4 */
-  ncfsm__sha256_final(&c, o);
-  hex32(o, h);
-  assert_string_equal("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", h);
-  ncfsm__sha256_init(&c); /* two blocks, fed in pieces */
-  const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-  ncfsm__sha256_update(&c, m, 10);
-  ncfsm__sha256_update(&c, m + 10, strlen(m) - 10);
-  ncfsm__sha256_final(&c, o);
-  hex32(o, h);
-  assert_string_equal("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1", h);
   uint8_t key[131];
   memset(key, 0x0b, 20); /* RFC 4231 test case 1 */
-  ncfsm__hmac_sha256(key, 20, "Hi There", 8, o);
+  assert_int_equal(0, ncfsm__hmac_sha256(key, 20, "Hi There", 8, o));
   hex32(o, h);
   assert_string_equal("b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7", h);
   memset(key, 0xaa, sizeof key); /* test case 6: a key longer than a block */
   const char *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
-  ncfsm__hmac_sha256(key, sizeof key, m6, strlen(m6), o);
+  assert_int_equal(0, ncfsm__hmac_sha256(key, sizeof key, m6, strlen(m6), o));
   hex32(o, h);
   assert_string_equal("60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54", h);
   /* the public helper (python: hmac.new(b"tok", b"ncfsm-rank-secret/v1 1/4", sha256)) */
