@@ -283,6 +283,7 @@ typedef struct sim_comm {
   uint64_t *nsend, *nrecv; /* per peer: sends/recvs posted */
 
   ncfsm_sim_stats st;
+  struct sim_fstate *fs; /* the testing kit's fault plan for it (sim-faults.h); NULL: none */
 } sim_comm;
 
 /* This process's handle on one shared clique. */

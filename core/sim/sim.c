@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/sim/sim-faults.h"
 #include "core/sim/sim-internal.h"
 
 enum {
@@ -279,6 +280,7 @@ static void comm_drop_ops(sim_comm *c) {
 static void comm_free(sim_comm *c) {
   c->magic = SIM_MAGIC_DEAD;
   xop_free(c->xop);
+  ncfsm__sim_fault_free(c->fs);
   free(c->nsend);
   free(c->nrecv);
   free(c);
@@ -336,6 +338,7 @@ static void comm_post(sim_comm *c, sim_unit *u) {
     free(u);
     return;
   }
+  if (c->fs) ncfsm__sim_fault_unit(c, u->n); /* an injected process death */
   sim_clique *q = c->q;
   int locked = q && ncfsm__sim_shm_lock(q) == 0;
   u->no = c->nunits++;
@@ -351,11 +354,14 @@ static void comm_post(sim_comm *c, sim_unit *u) {
     case NCFSM_KIND_RECV: o->idx = c->nrecv[o->a.peer]++; break;
     default: o->idx = c->ncoll++; break;
     }
+    int ferr = c->fs ? ncfsm__sim_fault_op(c, o->seq, o == u->head, o->a.kind != NCFSM_KIND_SEND &&
+                                                                      o->a.kind != NCFSM_KIND_RECV)
+                     : 0; /* the testing kit's faults (sim-faults.h) */
     if (c->o.never_arrive || c->o.dead) {
       o->invisible = 1; /* fault injection: peers never see this rank's ops (hang) */
-    } else if (c->o.async_error_at_op >= 0 && o->seq == (uint64_t)c->o.async_error_at_op) {
+    } else if ((c->o.async_error_at_op >= 0 && o->seq == (uint64_t)c->o.async_error_at_op) || ferr) {
       o->dead = 1; /* R10: the op hit by an async error never completes */
-      c->state = c->o.async_error_code ? c->o.async_error_code : E_REMOTE;
+      c->state = ferr ? ferr : c->o.async_error_code ? c->o.async_error_code : E_REMOTE;
       ncfsm__sim_warn("sim: injected async error %s at op %llu (%s, rank %d)", res_name(c->state),
                       (unsigned long long)o->seq, op_names[o->a.kind], c->rank);
     }
@@ -382,6 +388,7 @@ static void comm_post(sim_comm *c, sim_unit *u) {
     s->idx = o->idx;
     s->unit = u->no;
     s->flags = (o->invisible ? SHM_OP_INVISIBLE : 0) | (o->dead ? SHM_OP_DEAD : 0);
+    if (c->fs) ncfsm__sim_fault_desc(c, o->seq, s); /* an injected mismatch (R11) */
     shm_rank *rk = &q->h->rank[c->rank];
     s->prev = rk->tail;
     if (rk->tail) SHM_OP(q, rk->tail)->next = off;
@@ -457,6 +464,7 @@ static void phase_end(sim_comm *c, int final) {
   static const char *const phase_names[] = {"none", "init", "launch", "finalize", "revoke", "split/shrink/grow"};
   NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d %s done%s", c->rank, phase_names[c->phase],
              c->poisoned ? " (poisoned, R2)" : "");
+  final = ncfsm__sim_fault_phase_end(c, final); /* an injected error (sim-faults.h) */
   c->phase = SIM_PH_NONE;
   c->armed = 0;
   if (c->poisoned && final == OK) final = E_ARG; /* R2 poisoning */
@@ -742,7 +750,8 @@ static int group_finish(void) {
         /* R1 (2.28): the group end returns InProgress; ops post after launch_polls. */
         c->state = IN_PROGRESS;
         c->phase = SIM_PH_LAUNCH;
-        c->countdown = c->o.group_end_inprogress ? c->o.launch_polls : 0;
+        c->countdown = ncfsm__sim_fault_phase(c, SIM_PH_LAUNCH,
+                                              c->o.group_end_inprogress ? c->o.launch_polls : 0, u->n);
         c->armed = 1;
         nstaged++;
       }
@@ -848,6 +857,8 @@ static int comm_make(sim_comm **out, int nranks, const unsigned char *key, int r
     ncfsm__sim_warn("%s: out of memory", call);
     return E_SYSTEM;
   }
+  /* the testing kit's plan (sim-faults.h): options, shuffle seed, faults */
+  c->fs = ncfsm__sim_fault_bind(&o, name, rank);
   int fresh = 0, rc = OK;
   if (!q) { /* this process's first rank of the clique: attach to (or create) the segment */
     rc = ncfsm__sim_shm_attach(key, nranks, o.shuffle_seed, &q);
@@ -875,6 +886,7 @@ static int comm_make(sim_comm **out, int nranks, const unsigned char *key, int r
   }
   if (rc != OK) {
     if (fresh) ncfsm__sim_shm_detach(q); /* the segment stays for the ranks that own it */
+    ncfsm__sim_fault_free(c->fs);
     free(c->nsend);
     free(c->nrecv);
     free(c);
@@ -893,7 +905,7 @@ static int comm_make(sim_comm **out, int nranks, const unsigned char *key, int r
   snprintf(c->name, sizeof c->name, "%s", name ? name : "");
   c->state = IN_PROGRESS;
   c->phase = SIM_PH_INIT;
-  c->countdown = o.init_polls;
+  c->countdown = ncfsm__sim_fault_phase(c, SIM_PH_INIT, o.init_polls, 0);
   q->slot[rank] = c;
   q->nlocal++;
   *out = c;
@@ -1170,7 +1182,7 @@ static int xop_start(sim_comm *c, sim_xop *x) {
   x->in_group = 1;
   c->phase = SIM_PH_XCOMM;
   c->state = IN_PROGRESS;
-  c->countdown = c->o.split_polls;
+  c->countdown = ncfsm__sim_fault_phase(c, SIM_PH_XCOMM, c->o.split_polls, 0);
   c->armed = 0;
   group_track(c);
   g_blocking = c->blocking;
@@ -1681,6 +1693,7 @@ static int sim_get_async_error(void *bcomm, int *state) {
     *state = rc;
   } else {
     c->st.polls++;
+    if (c->fs) ncfsm__sim_fault_poll(c); /* the testing kit's poll and time triggers */
     ncfsm__sim_progress();
     sim_phase before = c->phase;
     comm_tick(c);
@@ -1891,7 +1904,7 @@ static int sim_finalize(void *bcomm) {
     } else if (!c->blocking) {
       c->state = IN_PROGRESS; /* R1, R4 */
       c->phase = SIM_PH_FINALIZE;
-      c->countdown = c->o.finalize_polls;
+      c->countdown = ncfsm__sim_fault_phase(c, SIM_PH_FINALIZE, c->o.finalize_polls, 0);
       c->armed = 1;
       rc = IN_PROGRESS;
     } else { /* blocking: flush outstanding work before returning */
@@ -2021,7 +2034,7 @@ static int sim_revoke(void *bcomm, int flags) {
     } else {
       c->state = IN_PROGRESS;
       c->phase = SIM_PH_REVOKE;
-      c->countdown = c->o.revoke_polls;
+      c->countdown = ncfsm__sim_fault_phase(c, SIM_PH_REVOKE, c->o.revoke_polls, 0);
       c->armed = 1;
       rc = IN_PROGRESS;
     }
