@@ -39,6 +39,23 @@ typedef struct ncfsm__boot_ops {
   /* Optional: what the request waits on, for the timeout message
    * ("store 127.0.0.1:29500 did not answer"). */
   void (*describe)(ncfsm_boot *b, char *buf, size_t n);
+  /* Recovery (docs/bootstrap.md, "Peer loss, agreement and the survivors'
+   * bootstrap"). NULL agree_post: not supported (peer loss, agreement and
+   * survivors all fail with NCFSM_ERR_UNSUPPORTED and no_recovery). */
+  const char *no_recovery;
+  /* Start the agreement req (req->epoch, req->alive of b->size entries set
+   * up). Completion as for post; on NCFSM_OK req->alive and req->nalive
+   * hold the result. */
+  ncfsm_result_t (*agree_post)(ncfsm_boot *b, ncfsm_boot_req *req);
+  /* The agreement's timer ran out (timeout_ms + agree_grace_ms): forget
+   * req and return the error with the message (naming the ranks that did
+   * not post, where the implementation knows them), or NCFSM_OK if the
+   * result arrived meanwhile (then req->alive/nalive are filled). */
+  ncfsm_result_t (*agree_expire)(ncfsm_boot_req *req, char *msg, size_t n);
+  uint64_t agree_grace_ms;
+  /* Fill child (rank, size, base, ... set by the dispatch) with its impl
+   * for the survivors of the agreement agreed of parent. */
+  ncfsm_result_t (*survivors)(ncfsm_boot *parent, ncfsm_boot_req *agreed, ncfsm_boot *child);
 } ncfsm__boot_ops;
 
 struct ncfsm_boot {
@@ -53,7 +70,23 @@ struct ncfsm_boot {
   ncfsm_result_t failed; /* sticky: once the channel failed, every later post fails */
   char err[NCFSM__BOOT_ERRLEN];
   void *impl;
+  /* recovery */
+  ncfsm_boot *parent;     /* a survivors' bootstrap: the one it came from */
+  int children;           /* survivors' bootstraps of this one not closed */
+  uint8_t *lost;          /* [size], allocated at the first loss: LOST_* bits */
+  char **lost_why;        /* [size] */
+  ncfsm_boot_lost_cb lost_cb;
+  void *lost_arg;
+  struct event *lost_ev;  /* delivers the lost callbacks from the dispatch */
+  int in_lost_cb;
+  ncfsm_boot_req *agree_req; /* the agreement not yet finished, if any */
+  uint64_t agree_last;    /* the last epoch posted */
 };
+
+#define NCFSM__LOST 1u
+#define NCFSM__LOST_TOLD 2u /* told to the current callback */
+
+enum { NCFSM__REQ_GATHER = 0, NCFSM__REQ_AGREE = 1 };
 
 struct ncfsm_boot_req {
   uint32_t magic;
@@ -69,6 +102,11 @@ struct ncfsm_boot_req {
   void *cb_arg;
   int cb_called;
   void *impl;             /* the implementation's per-request state */
+  int kind;               /* NCFSM__REQ_GATHER or NCFSM__REQ_AGREE */
+  uint64_t epoch;         /* agreement */
+  uint8_t *alive;         /* agreement: [b->size] result */
+  int nalive;
+  int child_made;         /* ncfsm_boot_survivors was called with it */
 };
 
 extern const ncfsm__boot_ops ncfsm__boot_local_ops;
@@ -85,6 +123,11 @@ void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap) __attribute
  * callback runs from the wake event. Idempotent: a finished request stays
  * finished. */
 void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st);
+/* Rank rank of b is lost (loop thread): recorded once; the callback, if
+ * any, is told from the dispatch. */
+void ncfsm__boot_peer_lost(ncfsm_boot *b, int rank, const char *why);
+/* Why rank of b was lost, or NULL. */
+const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank);
 /* Mark the channel failed (sticky) with st and the message, and return st. */
 ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

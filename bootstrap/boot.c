@@ -87,6 +87,52 @@ static ncfsm_boot_kind_t pick_kind(const ncfsm_boot_opts *o) {
   return NCFSM_BOOT_LOCAL;
 }
 
+/* ---- peer loss ------------------------------------------------------------ */
+
+/* Tell the callback every lost rank it has not been told (loop thread). */
+static void lost_ev_cb(evutil_socket_t fd, short what, void *arg) {
+  ncfsm_boot *b = arg;
+  (void)fd;
+  (void)what;
+  if (!b->lost) return;
+  b->in_lost_cb++;
+  for (int r = 0; r < b->size && b->lost_cb; r++) {
+    if (!(b->lost[r] & NCFSM__LOST) || (b->lost[r] & NCFSM__LOST_TOLD)) continue;
+    b->lost[r] |= NCFSM__LOST_TOLD;
+    b->lost_cb(b, r, b->lost_why[r] ? b->lost_why[r] : "lost", b->lost_arg);
+  }
+  b->in_lost_cb--;
+}
+
+void ncfsm__boot_peer_lost(ncfsm_boot *b, int rank, const char *why) {
+  if (rank < 0 || rank >= b->size || rank == b->rank) return;
+  if (!b->lost) {
+    b->lost = calloc((size_t)b->size, 1);
+    b->lost_why = calloc((size_t)b->size, sizeof *b->lost_why);
+    if (!b->lost || !b->lost_why) {
+      free(b->lost);
+      free(b->lost_why);
+      b->lost = NULL;
+      b->lost_why = NULL;
+      NCFSM_WARN(NCFSM__SUB_BOOT, "bootstrap %s rank %d: out of memory recording that rank %d was "
+                                  "lost (%s)",
+                 b->ops->name, b->rank, rank, why);
+      return;
+    }
+  }
+  if (b->lost[rank] & NCFSM__LOST) return;
+  b->lost[rank] = NCFSM__LOST;
+  b->lost_why[rank] = strdup(why ? why : "lost");
+  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s rank %d of %d: rank %d lost: %s", b->ops->name, b->rank,
+             b->size, rank, why ? why : "");
+  if (b->lost_cb) event_active(b->lost_ev, 0, 0);
+}
+
+const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank) {
+  if (!b->lost || rank < 0 || rank >= b->size || !(b->lost[rank] & NCFSM__LOST)) return NULL;
+  return b->lost_why[rank] ? b->lost_why[rank] : "lost";
+}
+
 ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *opts,
                                ncfsm_boot **out) {
   ncfsm__log_init();
@@ -132,9 +178,16 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   b->local_rank = opts->rank;
   b->local_size = opts->size;
   b->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 60000;
+  b->lost_ev = event_new(base, -1, 0, lost_ev_cb, b);
+  if (!b->lost_ev) {
+    snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
+    free(b);
+    return NCFSM_ERR_NO_MEMORY;
+  }
   ncfsm_result_t r = ops->open(b, opts);
   if (r != NCFSM_OK) {
     snprintf(open_err, sizeof open_err, "%s", b->err[0] ? b->err : ncfsm_strerror(r));
+    event_free(b->lost_ev);
     b->magic = NCFSM__BOOT_DEAD_MAGIC;
     free(b);
     return r;
@@ -154,7 +207,24 @@ ncfsm_result_t ncfsm_boot_close(ncfsm_boot *b) {
                        b->live_reqs);
     return NCFSM_ERR_BUSY;
   }
+  if (b->children > 0) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_close: %d survivors' bootstrap(s) of this one still open; "
+                          "close them first (they share its channel)",
+                       b->children);
+    return NCFSM_ERR_BUSY;
+  }
+  if (b->in_lost_cb) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_close called from this bootstrap's peer-lost callback; "
+                          "close it after the callback returned (e.g. from a zero timer)");
+    return NCFSM_ERR_BUSY;
+  }
   b->ops->close(b);
+  if (b->parent) b->parent->children--;
+  event_free(b->lost_ev);
+  if (b->lost)
+    for (int r = 0; r < b->size; r++) free(b->lost_why[r]);
+  free(b->lost);
+  free(b->lost_why);
   b->magic = NCFSM__BOOT_DEAD_MAGIC;
   free(b);
   return NCFSM_OK;
@@ -190,6 +260,14 @@ static void req_timeout_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   if (req->status != NCFSM_ERR_AGAIN) return;
+  if (req->kind == NCFSM__REQ_AGREE) { /* not sticky: agreements are not ordered with allgathers */
+    char msg[NCFSM__BOOT_ERRLEN - 64];
+    msg[0] = 0;
+    ncfsm_result_t r = b->ops->agree_expire(req, msg, sizeof msg);
+    if (r != NCFSM_OK) ncfsm__boot_seterr(b, "%s", msg);
+    ncfsm__boot_req_finish(req, r);
+    return;
+  }
   char what_[256] = "";
   if (b->ops->describe) b->ops->describe(b, what_, sizeof what_);
   if (b->ops->cancel) b->ops->cancel(req);
@@ -209,40 +287,185 @@ void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st) {
   event_active(req->wake, 0, 0);
 }
 
+static ncfsm_boot_req *req_new(ncfsm_boot *b, int kind) {
+  ncfsm_boot_req *req = calloc(1, sizeof *req);
+  if (!req) return NULL;
+  req->magic = NCFSM__BOOT_REQ_MAGIC;
+  req->b = b;
+  req->kind = kind;
+  req->status = NCFSM_ERR_AGAIN;
+  req->wake = event_new(b->base, -1, 0, req_wake_cb, req);
+  req->timer = evtimer_new(b->base, req_timeout_cb, req);
+  if (kind == NCFSM__REQ_AGREE) req->alive = calloc((size_t)b->size, 1);
+  if (!req->wake || !req->timer || (kind == NCFSM__REQ_AGREE && !req->alive)) {
+    if (req->wake) event_free(req->wake);
+    if (req->timer) event_free(req->timer);
+    free(req->alive);
+    free(req);
+    return NULL;
+  }
+  uint64_t ms = b->timeout_ms + (kind == NCFSM__REQ_AGREE ? b->ops->agree_grace_ms : 0);
+  struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+  evtimer_add(req->timer, &tv);
+  return req;
+}
+
+static void req_destroy(ncfsm_boot_req *req) {
+  event_free(req->timer);
+  event_free(req->wake); /* also removes it from the active queue */
+  req->magic = NCFSM__BOOT_DEAD_MAGIC;
+  free(req->alive);
+  free(req);
+}
+
 ncfsm_result_t ncfsm_boot_allgather_post(ncfsm_boot *b, const void *send, void *recv, size_t len,
                                          ncfsm_boot_req **out) {
   if (out) *out = NULL;
   if (!BOOT_OK(b) || !out || (len && (!send || !recv))) return NCFSM_ERR_INVALID_ARGUMENT;
   if (b->failed != NCFSM_OK) return b->failed;
-  ncfsm_boot_req *req = calloc(1, sizeof *req);
+  ncfsm_boot_req *req = req_new(b, NCFSM__REQ_GATHER);
   if (!req) return NCFSM_ERR_NO_MEMORY;
-  req->magic = NCFSM__BOOT_REQ_MAGIC;
-  req->b = b;
   req->seq = b->seq;
   req->send = send;
   req->recv = recv;
   req->len = len;
-  req->status = NCFSM_ERR_AGAIN;
-  req->wake = event_new(b->base, -1, 0, req_wake_cb, req);
-  req->timer = evtimer_new(b->base, req_timeout_cb, req);
-  if (!req->wake || !req->timer) {
-    if (req->wake) event_free(req->wake);
-    if (req->timer) event_free(req->timer);
-    free(req);
-    return NCFSM_ERR_NO_MEMORY;
-  }
-  struct timeval tv = {(time_t)(b->timeout_ms / 1000), (suseconds_t)((b->timeout_ms % 1000) * 1000)};
-  evtimer_add(req->timer, &tv);
   ncfsm_result_t r = b->ops->post(b, req);
   if (r != NCFSM_OK) {
-    event_free(req->wake);
-    event_free(req->timer);
-    free(req);
+    req_destroy(req);
     return r;
   }
   b->seq++;
   b->live_reqs++;
   *out = req;
+  return NCFSM_OK;
+}
+
+/* ---- recovery ---------------------------------------------------------------- */
+
+static ncfsm_result_t unsupported(ncfsm_boot *b, const char *call) {
+  ncfsm__boot_seterr(b, "%s: %s", call,
+                     b->ops->no_recovery ? b->ops->no_recovery
+                                         : "not supported by this bootstrap");
+  return NCFSM_ERR_UNSUPPORTED;
+}
+
+ncfsm_result_t ncfsm_boot_on_peer_lost(ncfsm_boot *b, ncfsm_boot_lost_cb cb, void *arg) {
+  if (!BOOT_OK(b)) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_on_peer_lost");
+  b->lost_cb = cb;
+  b->lost_arg = arg;
+  if (b->lost)
+    for (int r = 0; r < b->size; r++) b->lost[r] &= (uint8_t)~NCFSM__LOST_TOLD;
+  if (cb && b->lost) event_active(b->lost_ev, 0, 0);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_agree_post(ncfsm_boot *b, uint64_t epoch, ncfsm_boot_req **out) {
+  if (out) *out = NULL;
+  if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_agree_post");
+  if (epoch == 0 || epoch <= b->agree_last) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_agree_post: epoch %" PRIu64 " must be above 0 and above the "
+                          "last epoch posted on this bootstrap (%" PRIu64 "); every live rank posts "
+                          "the same increasing epoch",
+                       epoch, b->agree_last);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (b->agree_req && b->agree_req->status == NCFSM_ERR_AGAIN) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_agree_post(epoch %" PRIu64 "): the agreement of epoch %" PRIu64
+                          " on this bootstrap has not finished; wait for it (ncfsm_boot_test) or "
+                          "free it first",
+                       epoch, b->agree_req->epoch);
+    return NCFSM_ERR_BUSY;
+  }
+  ncfsm_boot_req *req = req_new(b, NCFSM__REQ_AGREE);
+  if (!req) return NCFSM_ERR_NO_MEMORY;
+  req->epoch = epoch;
+  ncfsm_result_t r = b->ops->agree_post(b, req);
+  if (r != NCFSM_OK) {
+    req_destroy(req);
+    return r;
+  }
+  b->agree_last = epoch;
+  b->agree_req = req;
+  b->live_reqs++;
+  *out = req;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_agree_result(ncfsm_boot_req *req, uint8_t *alive, int *nalive) {
+  if (!req || req->magic != NCFSM__BOOT_REQ_MAGIC || req->kind != NCFSM__REQ_AGREE)
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  if (req->status != NCFSM_OK) return req->status;
+  if (alive) memcpy(alive, req->alive, (size_t)req->b->size);
+  if (nalive) *nalive = req->nalive;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm_boot **out) {
+  if (out) *out = NULL;
+  if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!b->ops->survivors) return unsupported(b, "ncfsm_boot_survivors");
+  if (!agreed || agreed->magic != NCFSM__BOOT_REQ_MAGIC || agreed->kind != NCFSM__REQ_AGREE ||
+      agreed->b != b) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the request is not an agreement of this bootstrap "
+                          "(pass the request of ncfsm_boot_agree_post on it)");
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (agreed->status != NCFSM_OK) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: agreement epoch %" PRIu64 " %s; wait until it "
+                          "completes with NCFSM_OK",
+                       agreed->epoch, agreed->status == NCFSM_ERR_AGAIN ? "has not finished"
+                                                                        : "failed");
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (agreed->child_made) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the survivors' bootstrap of agreement epoch %" PRIu64
+                          " was made already (one per agreement)",
+                       agreed->epoch);
+    return NCFSM_ERR_BUSY;
+  }
+  if (!agreed->alive[b->rank]) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: rank %d is not in agreement epoch %" PRIu64
+                          " (the store counted it as lost)",
+                       b->rank, agreed->epoch);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  ncfsm_boot *c = calloc(1, sizeof *c);
+  if (!c) return NCFSM_ERR_NO_MEMORY;
+  c->magic = NCFSM__BOOT_MAGIC;
+  c->ops = b->ops;
+  c->kind = b->kind;
+  c->base = b->base;
+  c->rank = 0;
+  for (int r = 0; r < b->rank; r++) c->rank += agreed->alive[r] ? 1 : 0;
+  c->size = agreed->nalive;
+  c->local_rank = b->local_rank;
+  c->local_size = b->local_size;
+  c->timeout_ms = b->timeout_ms;
+  c->parent = b;
+  c->lost_ev = event_new(b->base, -1, 0, lost_ev_cb, c);
+  if (!c->lost_ev) {
+    free(c);
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  ncfsm_result_t r = b->ops->survivors(b, agreed, c);
+  if (r != NCFSM_OK) {
+    ncfsm__boot_seterr(b, "%s", c->err);
+    event_free(c->lost_ev);
+    if (c->lost)
+      for (int i = 0; i < c->size; i++) free(c->lost_why[i]);
+    free(c->lost);
+    free(c->lost_why);
+    free(c);
+    return r;
+  }
+  agreed->child_made = 1;
+  b->children++;
+  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s: survivors of epoch %" PRIu64 ": rank %d of %d "
+                              "(was %d of %d)",
+             b->ops->name, agreed->epoch, c->rank, c->size, b->rank, b->size);
+  *out = c;
   return NCFSM_OK;
 }
 
@@ -268,16 +491,15 @@ void ncfsm_boot_req_free(ncfsm_boot_req *req) {
   ncfsm_boot *b = req->b;
   if (req->status == NCFSM_ERR_AGAIN) {
     if (b->ops->cancel) b->ops->cancel(req);
-    ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
-                     "%s allgather #%" PRIu64 " was freed before it finished; this bootstrap is "
-                     "now out of step with the other ranks: close it",
-                     b->ops->name, req->seq);
+    if (req->kind == NCFSM__REQ_GATHER)
+      ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
+                       "%s allgather #%" PRIu64 " was freed before it finished; this bootstrap is "
+                       "now out of step with the other ranks: close it",
+                       b->ops->name, req->seq);
   }
-  event_free(req->timer);
-  event_free(req->wake); /* also removes it from the active queue */
-  req->magic = NCFSM__BOOT_DEAD_MAGIC;
+  if (b->agree_req == req) b->agree_req = NULL;
   b->live_reqs--;
-  free(req);
+  req_destroy(req);
 }
 
 ncfsm_result_t ncfsm_boot_allgather(ncfsm_boot *b, const void *send, void *recv, size_t len) {

@@ -11,6 +11,8 @@ const char *ncfsm__frame_type_name(uint8_t type) {
   case NCFSM__F_ADD: return "ADD";
   case NCFSM__F_WAIT: return "WAIT";
   case NCFSM__F_GATHER: return "GATHER";
+  case NCFSM__F_AGREE: return "AGREE";
+  case NCFSM__F_LOST: return "LOST";
   case NCFSM__F_OK: return "OK";
   case NCFSM__F_ERR: return "ERR";
   }
@@ -52,6 +54,13 @@ static const char *check_shape(const ncfsm__frame *f) {
     if (size == 0 || rank >= size) return "GATHER rank not below size";
     return NULL;
   }
+  case NCFSM__F_AGREE:
+    if (f->klen == 0) return "AGREE without a group";
+    if (f->vlen != 12) return "AGREE value is not u64 epoch + u32 timeout";
+    return NULL;
+  case NCFSM__F_LOST:
+    if (f->vlen < 4) return "LOST value shorter than u32 rank";
+    return NULL;
   case NCFSM__F_OK:
   case NCFSM__F_ERR: return NULL;
   }
@@ -73,7 +82,7 @@ ncfsm__parse_t ncfsm__frame_parse(const uint8_t *buf, size_t n, const ncfsm__fra
   }
   if (n > 5) {
     uint8_t t = buf[5];
-    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_GATHER) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
+    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_LOST) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
       *why = "unknown frame type";
       return NCFSM__PARSE_ERR;
     }

@@ -12,9 +12,17 @@
  * reply = i64 new value), WAIT (parks until the key exists; empty reply),
  * GATHER (key = collective name, value = u32 rank, u32 size, data; the reply,
  * once all size ranks contributed, is the rank-major concatenation).
+ * AGREE (key = group: "@" for the whole job, "@/<epoch>[/<epoch>...]" for the
+ * survivors of a completed agreement; value = u64 epoch, u32 timeout ms;
+ * parks until every live member posted that epoch; reply = one byte per job
+ * rank, 1 for the ranks of the agreement), and GATHER in a survivors' group
+ * (key "<group>:ag/<n>", value rank = index in the group, size = its size).
  * Replies: OK (value = result), ERR (value = message; with id 0, the store
  * refusing the HELLO or closing the connection, the message starting with the
- * reason: "bad token", "throttled", "store busy", ...).
+ * reason: "bad token", "throttled", "store busy", ...). Pushed by the store:
+ * LOST (id 0, value = u32 job rank, then a message: that rank's connection
+ * ended), to every ranked connection when it happens and to a rank that
+ * connects after it.
  *
  * The parser is a pure function so it can be fuzzed (tests/bootstrap/fuzz_frame.c).
  */
@@ -37,6 +45,8 @@ typedef enum ncfsm__frame_type {
   NCFSM__F_ADD = 4,
   NCFSM__F_WAIT = 5,
   NCFSM__F_GATHER = 6,
+  NCFSM__F_AGREE = 7,
+  NCFSM__F_LOST = 8,
   NCFSM__F_OK = 0x40,
   NCFSM__F_ERR = 0x41,
 } ncfsm__frame_type_t;

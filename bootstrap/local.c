@@ -7,6 +7,14 @@
  * thread. A node is freed by its owner once every member's cursor is past it
  * (their completed-round counters say so). Only joining and leaving a group
  * take the registry mutex; members may share one thread or use many.
+ *
+ * Recovery: a member that closed is lost for the others (each sees its
+ * closed flag on its own loop thread, reports it once, and fails the
+ * allgathers it had not contributed to). The agreement state of a group is
+ * under the group's agreement mutex (agreements are rare); whoever completes
+ * or fails an agreement wakes every member, and each finishes its own
+ * request on its loop thread. The survivors of epoch E of group "g" join the
+ * group "g/E".
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -49,6 +57,10 @@ typedef struct lmember {
   lnode **cursor; /* [size]: last node consumed from each member's list */
   uint64_t posted;
   TAILQ_HEAD(, lreq) pending;
+  uint8_t *lost_seen;         /* [size] */
+  ncfsm_boot_req *agreq;      /* the agreement not finished */
+  int ag_refused;             /* agreq was refused at its post: ag_err says why */
+  char ag_err[700];
 } lmember;
 
 typedef struct lgroup {
@@ -56,6 +68,12 @@ typedef struct lgroup {
   char *name;
   int size, refs;
   _Atomic(lmember *) *members; /* [size] */
+  /* agreements, under ag_mu */
+  pthread_mutex_t ag_mu;
+  uint64_t ag_open, ag_last, ag_done; /* open (0: none), last completed or failed, last completed */
+  uint8_t *ag_posted, *ag_result;    /* [size] */
+  int ag_nresult;
+  char ag_fail[400];                 /* why the last failed one failed */
 } lgroup;
 
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -81,13 +99,28 @@ static void local_progress_member(lmember *me) {
   while ((lr = TAILQ_FIRST(&me->pending)) != NULL) {
     ncfsm_boot_req *req = lr->req;
     uint64_t round = lr->round;
+    for (int r = 0; r < g->size; r++) { /* a member that closed without contributing fails it */
+      lmember *o = atomic_load_explicit(&g->members[r], memory_order_acquire);
+      if (r == me->rank || !o || !atomic_load(&o->closed)) continue;
+      lnode *c = me->cursor[r] ? me->cursor[r] : o->dummy;
+      if (atomic_load_explicit(&c->next, memory_order_acquire)) continue; /* published before closed */
+      TAILQ_REMOVE(&me->pending, lr, link);
+      req->impl = NULL;
+      free(lr);
+      ncfsm__boot_fail(me->b, NCFSM_ERR_BOOTSTRAP,
+                       "local group '%s' allgather #%" PRIu64 " failed: rank %d closed its "
+                       "bootstrap before contributing",
+                       g->name, round, r);
+      ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
+      goto next_round;
+    }
     for (int r = 0; r < g->size; r++) {
       if (r == me->rank) continue;
       lmember *o = atomic_load_explicit(&g->members[r], memory_order_acquire);
       if (!o) return; /* not joined yet; its join wakes us */
       if (!me->cursor[r]) me->cursor[r] = o->dummy;
       lnode *n = atomic_load_explicit(&me->cursor[r]->next, memory_order_acquire);
-      if (!n) return; /* not posted yet; its post wakes us */
+      if (!n) return; /* not posted yet; its post (or its close) wakes us */
       if (n->len != req->len) {
         TAILQ_REMOVE(&me->pending, lr, link);
         req->impl = NULL;
@@ -117,13 +150,98 @@ static void local_progress_member(lmember *me) {
     req->impl = NULL;
     free(lr);
     ncfsm__boot_req_finish(req, NCFSM_OK);
+  next_round:;
   }
+}
+
+static int member_closed(lgroup *g, int r) {
+  lmember *o = atomic_load_explicit(&g->members[r], memory_order_acquire);
+  return o && atomic_load(&o->closed);
+}
+
+/* Report the members that closed since the last look. */
+static void local_lost_scan(lmember *me) {
+  lgroup *g = me->g;
+  for (int r = 0; r < g->size; r++) {
+    if (r == me->rank || me->lost_seen[r] || !member_closed(g, r)) continue;
+    me->lost_seen[r] = 1;
+    char why[300];
+    snprintf(why, sizeof why, "rank %d closed its bootstrap (local group '%.200s')", r, g->name);
+    ncfsm__boot_peer_lost(me->b, r, why);
+  }
+}
+
+/* "rank 1, rank 3" of the members not closed with ag_posted[r] == want. */
+static const char *ag_list(lgroup *g, int want, char *buf, size_t n) {
+  size_t k = 0;
+  int named = 0;
+  buf[0] = 0;
+  for (int r = 0; r < g->size; r++) {
+    if (member_closed(g, r) || (g->ag_posted[r] != 0) != (want != 0)) continue;
+    int w = snprintf(buf + k, n - k, "%srank %d", named ? ", " : "", r);
+    if (w < 0 || (size_t)w >= n - k) break;
+    k += (size_t)w;
+    named++;
+  }
+  if (!named) snprintf(buf, n, "none");
+  return buf;
+}
+
+/* Under ag_mu: complete the open agreement if every member not closed has
+ * posted. 1 if it did. */
+static int ag_eval_locked(lgroup *g) {
+  if (!g->ag_open) return 0;
+  for (int r = 0; r < g->size; r++)
+    if (!g->ag_posted[r] && !member_closed(g, r)) return 0;
+  int n = 0;
+  for (int r = 0; r < g->size; r++) {
+    g->ag_result[r] = g->ag_posted[r] && !member_closed(g, r);
+    n += g->ag_result[r];
+  }
+  g->ag_nresult = n;
+  g->ag_done = g->ag_last = g->ag_open;
+  g->ag_open = 0;
+  return 1;
+}
+
+/* Finish this member's agreement if it is decided (loop thread). */
+static void local_agree_progress(lmember *me) {
+  ncfsm_boot_req *req = me->agreq;
+  if (!req || req->status != NCFSM_ERR_AGAIN) return;
+  lgroup *g = me->g;
+  char msg[NCFSM__BOOT_ERRLEN - 64];
+  ncfsm_result_t st;
+  if (me->ag_refused) {
+    snprintf(msg, sizeof msg, "%.440s", me->ag_err);
+    st = NCFSM_ERR_BOOTSTRAP;
+  } else {
+    pthread_mutex_lock(&g->ag_mu);
+    if (g->ag_open == req->epoch) {
+      pthread_mutex_unlock(&g->ag_mu);
+      return;
+    }
+    if (g->ag_done == req->epoch) {
+      memcpy(req->alive, g->ag_result, (size_t)g->size);
+      req->nalive = g->ag_nresult;
+      st = NCFSM_OK;
+    } else {
+      snprintf(msg, sizeof msg, "local group '%.100s' agreement epoch %" PRIu64 " failed: %.300s",
+               g->name, req->epoch, g->ag_fail[0] ? g->ag_fail : "superseded by a later epoch");
+      st = NCFSM_ERR_BOOTSTRAP;
+    }
+    pthread_mutex_unlock(&g->ag_mu);
+  }
+  me->agreq = NULL;
+  if (st != NCFSM_OK) ncfsm__boot_seterr(me->b, "%s", msg);
+  ncfsm__boot_req_finish(req, st);
 }
 
 static void member_wake_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
+  local_lost_scan(arg);
   local_progress_member(arg);
+  local_agree_progress(arg);
 }
 
 /* Free our nodes that every member's cursor has passed. */
@@ -141,13 +259,40 @@ static void reclaim(lmember *me) {
   }
 }
 
-static ncfsm_result_t local_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
-  const char *name = o->local_group ? o->local_group : "default";
-  if (o->size < 1 || o->rank < 0 || o->rank >= o->size) {
-    ncfsm__boot_seterr(b, "local bootstrap: rank %d / size %d invalid (0 <= rank < size)", o->rank,
-                       o->size);
-    return NCFSM_ERR_INVALID_ARGUMENT;
+typedef struct join_opts {
+  const char *name;
+  int rank, size;
+} join_opts;
+
+static void free_list_of(lmember *m);
+static void group_free(lgroup *g) {
+  for (int r = 0; r < g->size; r++) {
+    lmember *m = atomic_load(&g->members[r]);
+    if (!m) continue;
+    free_list_of(m);
   }
+  pthread_mutex_destroy(&g->ag_mu);
+  free(g->ag_posted);
+  free(g->ag_result);
+  free(g->members);
+  free(g->name);
+  free(g);
+}
+
+static void free_list_of(lmember *m) {
+  lnode *n = m->oldest;
+  while (n) {
+    lnode *next = atomic_load_explicit(&n->next, memory_order_relaxed);
+    free(n);
+    n = next;
+  }
+  free(m->cursor);
+  free(m->lost_seen);
+  free(m);
+}
+
+static ncfsm_result_t local_join(ncfsm_boot *b, const join_opts *o) {
+  const char *name = o->name;
   lmember *me = calloc(1, sizeof *me);
   if (!me) return NCFSM_ERR_NO_MEMORY;
   me->b = b;
@@ -155,8 +300,9 @@ static ncfsm_result_t local_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   TAILQ_INIT(&me->pending);
   me->dummy = calloc(1, sizeof *me->dummy);
   me->cursor = calloc((size_t)o->size, sizeof *me->cursor);
+  me->lost_seen = calloc((size_t)o->size, 1);
   me->wake = event_new(b->base, -1, 0, member_wake_cb, me);
-  if (!me->dummy || !me->cursor || !me->wake) goto nomem;
+  if (!me->dummy || !me->cursor || !me->lost_seen || !me->wake) goto nomem;
   me->tail = me->oldest = me->dummy;
 
   pthread_mutex_lock(&registry_mu);
@@ -181,16 +327,21 @@ static ncfsm_result_t local_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
       g->name = strdup(name);
       g->size = o->size;
       g->members = calloc((size_t)o->size, sizeof *g->members);
+      g->ag_posted = calloc((size_t)o->size, 1);
+      g->ag_result = calloc((size_t)o->size, 1);
     }
-    if (!g || !g->name || !g->members) {
+    if (!g || !g->name || !g->members || !g->ag_posted || !g->ag_result) {
       if (g) {
         free(g->name);
         free(g->members);
+        free(g->ag_posted);
+        free(g->ag_result);
         free(g);
       }
       pthread_mutex_unlock(&registry_mu);
       goto nomem;
     }
+    pthread_mutex_init(&g->ag_mu, NULL);
     LIST_INSERT_HEAD(&registry, g, link);
   }
   g->refs++;
@@ -208,21 +359,26 @@ nomem:
 fail:
   if (me->wake) event_free(me->wake);
   free(me->cursor);
+  free(me->lost_seen);
   free(me->dummy);
   free(me);
   return NCFSM_ERR_BOOTSTRAP;
 }
 
-static void free_list(lnode *n) {
-  while (n) {
-    lnode *next = atomic_load_explicit(&n->next, memory_order_relaxed);
-    free(n);
-    n = next;
+static ncfsm_result_t local_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
+  if (o->size < 1 || o->rank < 0 || o->rank >= o->size) {
+    ncfsm__boot_seterr(b, "local bootstrap: rank %d / size %d invalid (0 <= rank < size)", o->rank,
+                       o->size);
+    return NCFSM_ERR_INVALID_ARGUMENT;
   }
+  join_opts j = {o->local_group ? o->local_group : "default", o->rank, o->size};
+  return local_join(b, &j);
 }
+
 
 static void local_close(ncfsm_boot *b) {
   lmember *me = b->impl;
+  lgroup *g = me->g;
   atomic_store(&me->closed, 1);
   while (atomic_load(&me->wakers) != 0) sched_yield();
   event_free(me->wake);
@@ -232,22 +388,18 @@ static void local_close(ncfsm_boot *b) {
     TAILQ_REMOVE(&me->pending, lr, link);
     free(lr);
   }
+  me->agreq = NULL;
+  /* it is lost for the others: an open agreement may now be complete */
+  pthread_mutex_lock(&g->ag_mu);
+  ag_eval_locked(g);
+  pthread_mutex_unlock(&g->ag_mu);
+  wake_others(me);
   /* The member and its nodes stay until the whole group is gone: others may
    * still read this member's contributions. */
   pthread_mutex_lock(&registry_mu);
-  lgroup *g = me->g;
   if (--g->refs == 0) {
     LIST_REMOVE(g, link);
-    for (int r = 0; r < g->size; r++) {
-      lmember *m = atomic_load(&g->members[r]);
-      if (!m) continue;
-      free_list(m->oldest);
-      free(m->cursor);
-      free(m);
-    }
-    free(g->members);
-    free(g->name);
-    free(g);
+    group_free(g);
   }
   pthread_mutex_unlock(&registry_mu);
   b->impl = NULL;
@@ -281,6 +433,10 @@ static ncfsm_result_t local_post(ncfsm_boot *b, ncfsm_boot_req *req) {
 
 static void local_cancel(ncfsm_boot_req *req) {
   lmember *me = req->b->impl;
+  if (req->kind == NCFSM__REQ_AGREE) { /* the post stays: this rank counts as having posted */
+    if (me && me->agreq == req) me->agreq = NULL;
+    return;
+  }
   lreq *lr = req->impl;
   if (!me || !lr) return;
   TAILQ_REMOVE(&me->pending, lr, link);
@@ -297,6 +453,88 @@ static void local_describe(ncfsm_boot *b, char *buf, size_t n) {
            me->g->size);
 }
 
+/* ---- recovery ------------------------------------------------------------------- */
+
+static ncfsm_result_t local_agree_post(ncfsm_boot *b, ncfsm_boot_req *req) {
+  lmember *me = b->impl;
+  lgroup *g = me->g;
+  uint64_t e = req->epoch;
+  me->ag_refused = 0;
+  pthread_mutex_lock(&g->ag_mu);
+  if (e <= g->ag_last) {
+    me->ag_refused = 1;
+    snprintf(me->ag_err, sizeof me->ag_err, "local group '%.100s' agreement epoch %" PRIu64
+                                            " posted by rank %d: not above the group's last "
+                                            "agreement epoch %" PRIu64 "%s%.200s%s",
+             g->name, e, me->rank, g->ag_last, g->ag_fail[0] ? " (which failed: " : "",
+             g->ag_fail, g->ag_fail[0] ? ")" : "");
+  } else if (g->ag_open && g->ag_open != e) {
+    char posted[200];
+    snprintf(g->ag_fail, sizeof g->ag_fail, "agreement epochs differ: rank %d posted epoch %" PRIu64
+                                            " while %s posted epoch %" PRIu64 "; every live rank "
+                                            "must post the same epoch",
+             me->rank, e, ag_list(g, 1, posted, sizeof posted), g->ag_open);
+    me->ag_refused = 1;
+    snprintf(me->ag_err, sizeof me->ag_err, "local group '%.100s': %.400s", g->name, g->ag_fail);
+    g->ag_last = e > g->ag_open ? e : g->ag_open;
+    g->ag_open = 0;
+  } else {
+    if (!g->ag_open) {
+      g->ag_open = e;
+      memset(g->ag_posted, 0, (size_t)g->size);
+    }
+    g->ag_posted[me->rank] = 1;
+    ag_eval_locked(g);
+  }
+  pthread_mutex_unlock(&g->ag_mu);
+  me->agreq = req;
+  wake_others(me);
+  event_active(me->wake, 0, 0); /* finished from the wake, never inside post */
+  return NCFSM_OK;
+}
+
+static ncfsm_result_t local_agree_expire(ncfsm_boot_req *req, char *msg, size_t n) {
+  lmember *me = req->b->impl;
+  lgroup *g = me->g;
+  ncfsm_result_t st = NCFSM_ERR_BOOTSTRAP;
+  pthread_mutex_lock(&g->ag_mu);
+  if (g->ag_done == req->epoch && !me->ag_refused) {
+    memcpy(req->alive, g->ag_result, (size_t)g->size);
+    req->nalive = g->ag_nresult;
+    st = NCFSM_OK;
+  } else if (g->ag_open == req->epoch) {
+    char missing[200], posted[200];
+    snprintf(g->ag_fail, sizeof g->ag_fail, "agreement epoch %" PRIu64 " not complete after %" PRIu64
+                                            " ms: %s did not post it (posted: %s)",
+             req->epoch, req->b->timeout_ms, ag_list(g, 0, missing, sizeof missing),
+             ag_list(g, 1, posted, sizeof posted));
+    g->ag_last = g->ag_open;
+    g->ag_open = 0;
+  }
+  if (st != NCFSM_OK)
+    snprintf(msg, n, "local group '%.100s' agreement epoch %" PRIu64 " failed: %s; every live rank "
+                     "must post the same epoch, or raise NCFSM_BOOTSTRAP_TIMEOUT_MS",
+             g->name, req->epoch, me->ag_refused ? me->ag_err : g->ag_fail);
+  pthread_mutex_unlock(&g->ag_mu);
+  me->agreq = NULL;
+  wake_others(me); /* the other posters fail with it */
+  return st;
+}
+
+static ncfsm_result_t local_survivors(ncfsm_boot *parent, ncfsm_boot_req *agreed, ncfsm_boot *child) {
+  lmember *pm = parent->impl;
+  char name[512];
+  int n = snprintf(name, sizeof name, "%s/%" PRIu64, pm->g->name, agreed->epoch);
+  if (n < 0 || (size_t)n >= sizeof name) {
+    ncfsm__boot_seterr(child, "ncfsm_boot_survivors: local group name '%.100s...' too long (nested "
+                              "too deep)",
+                       pm->g->name);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  join_opts j = {name, child->rank, child->size};
+  return local_join(child, &j);
+}
+
 const ncfsm__boot_ops ncfsm__boot_local_ops = {
     .name = "local",
     .open = local_open,
@@ -305,4 +543,8 @@ const ncfsm__boot_ops ncfsm__boot_local_ops = {
     .progress = NULL,
     .cancel = local_cancel,
     .describe = local_describe,
+    .agree_post = local_agree_post,
+    .agree_expire = local_agree_expire,
+    .agree_grace_ms = 0,
+    .survivors = local_survivors,
 };

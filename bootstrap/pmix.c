@@ -338,4 +338,8 @@ const ncfsm__boot_ops ncfsm__boot_pmix_ops = {
     .progress = pmix_progress,
     .cancel = pmix_cancel,
     .describe = pmix_describe,
+    /* no agree_post: peer loss, agreement and survivors are unsupported */
+    .no_recovery = "the pmix bootstrap does not support recovery from dead ranks (Open MPI's "
+                   "mpirun ends the whole job when a process dies); use the TCP store, "
+                   "NCFSM_BOOTSTRAP=tcp, for recovery",
 };

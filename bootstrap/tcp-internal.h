@@ -55,6 +55,10 @@ typedef struct ncfsm__store_stats {
   uint64_t rank_conflicts;   /* a rank claimed by a second live connection */
   uint64_t rejoin_refused;   /* HELLO for a rank whose connection ended, rejoin off */
   uint64_t gathers_failed;   /* GATHERs failed for every rank (a rank gone, a conflict) */
+  uint64_t agreements_done;  /* AGREEs completed (survivors' groups made) */
+  uint64_t agreements_failed; /* AGREEs failed (timeout, epochs differ, store full) */
+  uint64_t lost_pushed;      /* LOST frames sent */
+  int groups;                /* survivors' groups held */
   uint64_t bytes, peak_bytes;       /* held under max_bytes */
   uint64_t inflight, peak_inflight; /* held under max_inflight */
   uint64_t out_queued, peak_out;    /* queued replies (referenced bytes included) */

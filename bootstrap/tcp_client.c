@@ -4,6 +4,12 @@
  * allgather #n is one GATHER frame (key "ag/<n>"): the store answers every
  * rank with the rank-major concatenation once all have contributed, so a
  * collective costs each rank one request and one reply.
+ *
+ * Recovery: the store pushes LOST frames (a rank's connection ended), which
+ * are reported to this bootstrap and to its survivors' bootstraps; an
+ * agreement is one AGREE frame in the view's group ("@" for the job); a
+ * survivors' bootstrap is another view (tcp_view) of the same connection,
+ * whose allgathers are GATHERs "<group>:ag/<n>".
  */
 #include <errno.h>
 #include <signal.h>
@@ -34,7 +40,21 @@ typedef struct tcp_op {
   ncfsm_boot_req *req;
 } tcp_op;
 
+struct tcp_impl;
+
+/* What one bootstrap handle sees of the connection: the job (the root view,
+ * group "@") or the survivors of an agreement (group "@/<epoch>..."). */
+typedef struct tcp_view {
+  struct tcp_impl *t;
+  ncfsm_boot *b;
+  char path[NCFSM__FRAME_KEY_MAX];
+  uint32_t *ranks; /* [b->size] job ranks; NULL: the root view */
+  LIST_ENTRY(tcp_view) link;
+} tcp_view;
+
 typedef struct tcp_impl {
+  tcp_view root;
+  LIST_HEAD(, tcp_view) views; /* survivors' views */
   ncfsm_boot *b;
   ncfsm__store *hosted;
   struct sockaddr_storage ss;
@@ -64,6 +84,11 @@ static void fail_all(tcp_impl *t, const char *fmt, ...) {
   va_end(ap);
   if (b->failed == NCFSM_OK) b->failed = NCFSM_ERR_BOOTSTRAP;
   t->dead = 1;
+  tcp_view *v;
+  LIST_FOREACH(v, &t->views, link) {
+    snprintf(v->b->err, sizeof v->b->err, "%s", b->err);
+    if (v->b->failed == NCFSM_OK) v->b->failed = NCFSM_ERR_BOOTSTRAP;
+  }
   if (t->bev) {
     bufferevent_free(t->bev);
     t->bev = NULL;
@@ -72,6 +97,7 @@ static void fail_all(tcp_impl *t, const char *fmt, ...) {
   while ((op = TAILQ_FIRST(&t->ops)) != NULL) {
     TAILQ_REMOVE(&t->ops, op, link);
     op->req->impl = NULL;
+    if (op->req->b != b) snprintf(op->req->b->err, sizeof op->req->b->err, "%s", b->err);
     ncfsm__boot_req_finish(op->req, NCFSM_ERR_BOOTSTRAP);
     free(op);
   }
@@ -108,8 +134,50 @@ static void retry_throttled(tcp_impl *t, const ncfsm__frame *f) {
   if (t->retry_ms < 500) t->retry_ms *= 2;
 }
 
+/* The store says a job rank was lost: tell the job's view and the
+ * survivors' views it belongs to. */
+static void on_lost(tcp_impl *t, const ncfsm__frame *f) {
+  uint32_t rank = ncfsm__rd32(f->value);
+  char why[600];
+  snprintf(why, sizeof why, "%.*s", (int)(f->vlen - 4 > 500 ? 500 : f->vlen - 4),
+           (const char *)f->value + 4);
+  if (rank >= (uint32_t)t->b->size) return;
+  ncfsm__boot_peer_lost(t->b, (int)rank, why);
+  tcp_view *v;
+  LIST_FOREACH(v, &t->views, link)
+    for (int i = 0; i < v->b->size; i++)
+      if (v->ranks[i] == rank) {
+        char w2[700];
+        snprintf(w2, sizeof w2, "survivors' rank %d of %.100s is job %.500s", i, v->path, why);
+        ncfsm__boot_peer_lost(v->b, i, w2);
+      }
+}
+
+static void on_agree_reply(tcp_impl *t, ncfsm_boot_req *req, const ncfsm__frame *f) {
+  ncfsm_boot *b = req->b;
+  tcp_view *v = b->impl;
+  if (f->type == NCFSM__F_ERR) {
+    ncfsm__boot_seterr(b, "store %s refused agreement epoch %" PRIu64 ": %.*s", t->addr, req->epoch,
+                       (int)f->vlen, (const char *)f->value);
+    return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
+  }
+  if (f->vlen != (uint32_t)t->b->size) {
+    ncfsm__boot_seterr(b, "store %s answered agreement epoch %" PRIu64 " with %u bytes, expected %d",
+                       t->addr, req->epoch, f->vlen, t->b->size);
+    return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
+  }
+  req->nalive = 0;
+  for (int i = 0; i < b->size; i++) {
+    uint32_t r = v->ranks ? v->ranks[i] : (uint32_t)i;
+    req->alive[i] = f->value[r] ? 1 : 0;
+    req->nalive += req->alive[i];
+  }
+  ncfsm__boot_req_finish(req, NCFSM_OK);
+}
+
 static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
   ncfsm_boot *b = t->b;
+  if (f->type == NCFSM__F_LOST) return on_lost(t, f);
   if (f->id == 0) { /* the HELLO's answer, or the store closing this connection */
     if (f->type != NCFSM__F_ERR) {
       if (!t->hello_ok) {
@@ -136,6 +204,8 @@ static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
   TAILQ_REMOVE(&t->ops, op, link);
   free(op);
   req->impl = NULL;
+  if (req->kind == NCFSM__REQ_AGREE) return on_agree_reply(t, req, f);
+  b = req->b; /* the job's bootstrap or a survivors' one */
   if (f->type == NCFSM__F_ERR) {
     ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP, "store %s refused allgather #%" PRIu64 ": %.*s",
                      t->addr, req->seq, (int)f->vlen, (const char *)f->value);
@@ -167,7 +237,8 @@ static void read_cb(struct bufferevent *bev, void *arg) {
       p = evbuffer_pullup(in, (ev_ssize_t)used);
       r = ncfsm__frame_parse(p, used, &t->lim, &f, &used, &why);
     }
-    if (r != NCFSM__PARSE_OK || (f.type != NCFSM__F_OK && f.type != NCFSM__F_ERR))
+    if (r != NCFSM__PARSE_OK ||
+        (f.type != NCFSM__F_OK && f.type != NCFSM__F_ERR && f.type != NCFSM__F_LOST))
       return fail_all(t, "store %s sent a bad frame: %s (is %s an ncfsm store?)", t->addr,
                       why ? why : "not a reply", t->addr);
     on_reply(t, &f);
@@ -276,6 +347,10 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   tcp_impl *t = calloc(1, sizeof *t);
   if (!t) return NCFSM_ERR_NO_MEMORY;
   t->b = b;
+  t->root.t = t;
+  t->root.b = b;
+  snprintf(t->root.path, sizeof t->root.path, "@");
+  LIST_INIT(&t->views);
   TAILQ_INIT(&t->ops);
   t->next_id = 1;
   t->retry_ms = 10;
@@ -320,7 +395,7 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   }
   b->local_rank = (int)ncfsm__env_ll("NCFSM_LOCAL_RANK", o->rank);
   b->local_size = (int)ncfsm__env_ll("NCFSM_LOCAL_WORLD_SIZE", o->size);
-  b->impl = t;
+  b->impl = &t->root;
   t->deadline_ns = ncfsm__now_ns() + b->timeout_ms * 1000000ull;
   tcp_connect(t);
   return NCFSM_OK;
@@ -336,8 +411,16 @@ fail:
 }
 
 static void tcp_close(ncfsm_boot *b) {
-  tcp_impl *t = b->impl;
-  if (!t) return;
+  tcp_view *v = b->impl;
+  if (!v) return;
+  tcp_impl *t = v->t;
+  if (v != &t->root) { /* a survivors' view: its requests are freed (the dispatch checks) */
+    LIST_REMOVE(v, link);
+    free(v->ranks);
+    free(v);
+    b->impl = NULL;
+    return;
+  }
   tcp_op *op;
   while ((op = TAILQ_FIRST(&t->ops)) != NULL) {
     TAILQ_REMOVE(&t->ops, op, link);
@@ -352,28 +435,43 @@ static void tcp_close(ncfsm_boot *b) {
   b->impl = NULL;
 }
 
+/* Queue a frame (before the HELLO's answer: in t->queued). */
+static int tcp_send(tcp_impl *t, uint8_t type, uint32_t id, const void *key, size_t kl,
+                    const void *v1, size_t l1, const void *v2, size_t l2) {
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  ncfsm__frame_header(hdr, type, id, (uint32_t)kl, (uint32_t)(l1 + l2));
+  struct evbuffer *out = t->hello_ok ? bufferevent_get_output(t->bev) : t->queued;
+  return evbuffer_add(out, hdr, sizeof hdr) || evbuffer_add(out, key, kl) ||
+         (l1 && evbuffer_add(out, v1, l1)) || (l2 && evbuffer_add(out, v2, l2));
+}
+
+static tcp_op *op_new(tcp_impl *t, ncfsm_boot_req *req) {
+  tcp_op *op = calloc(1, sizeof *op);
+  if (!op) return NULL;
+  op->id = t->next_id++;
+  if (t->next_id == 0) t->next_id = 1;
+  op->req = req;
+  return op;
+}
+
 static ncfsm_result_t tcp_post(ncfsm_boot *b, ncfsm_boot_req *req) {
-  tcp_impl *t = b->impl;
+  tcp_view *view = b->impl;
+  tcp_impl *t = view->t;
   if (t->dead) return b->failed ? b->failed : NCFSM_ERR_BOOTSTRAP;
   if (req->len > UINT32_MAX - 8 || (uint64_t)req->len * (uint64_t)b->size > UINT32_MAX) {
     ncfsm__boot_seterr(b, "tcp allgather of %zu bytes x %d ranks is too large for one frame",
                        req->len, b->size);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  tcp_op *op = calloc(1, sizeof *op);
+  tcp_op *op = op_new(t, req);
   if (!op) return NCFSM_ERR_NO_MEMORY;
-  op->id = t->next_id++;
-  if (t->next_id == 0) t->next_id = 1;
-  op->req = req;
-  char key[40];
-  int kl = snprintf(key, sizeof key, "ag/%" PRIu64, req->seq);
-  uint8_t hdr[NCFSM__FRAME_HDR], v[8];
-  ncfsm__frame_header(hdr, NCFSM__F_GATHER, op->id, (uint32_t)kl, (uint32_t)(8 + req->len));
-  ncfsm__wr32(v, (uint32_t)b->rank);
+  char key[NCFSM__FRAME_KEY_MAX + 32];
+  int kl = view->ranks ? snprintf(key, sizeof key, "%s:ag/%" PRIu64, view->path, req->seq)
+                       : snprintf(key, sizeof key, "ag/%" PRIu64, req->seq);
+  uint8_t v[8];
+  ncfsm__wr32(v, (uint32_t)b->rank); /* a survivors' view: its index in the group */
   ncfsm__wr32(v + 4, (uint32_t)b->size);
-  struct evbuffer *out = t->hello_ok ? bufferevent_get_output(t->bev) : t->queued;
-  if (evbuffer_add(out, hdr, sizeof hdr) || evbuffer_add(out, key, (size_t)kl) ||
-      evbuffer_add(out, v, sizeof v) || (req->len && evbuffer_add(out, req->send, req->len))) {
+  if (tcp_send(t, NCFSM__F_GATHER, op->id, key, (size_t)kl, v, sizeof v, req->send, req->len)) {
     free(op);
     return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "tcp allgather: out of memory");
   }
@@ -383,7 +481,8 @@ static ncfsm_result_t tcp_post(ncfsm_boot *b, ncfsm_boot_req *req) {
 }
 
 static void tcp_cancel(ncfsm_boot_req *req) {
-  tcp_impl *t = req->b->impl;
+  tcp_view *v = req->b->impl;
+  tcp_impl *t = v ? v->t : NULL;
   tcp_op *op = req->impl;
   if (!t || !op) return;
   TAILQ_REMOVE(&t->ops, op, link);
@@ -392,7 +491,7 @@ static void tcp_cancel(ncfsm_boot_req *req) {
 }
 
 static void tcp_describe(ncfsm_boot *b, char *buf, size_t n) {
-  tcp_impl *t = b->impl;
+  tcp_impl *t = ((tcp_view *)b->impl)->t;
   if (!t->connected)
     snprintf(buf, n, "store %s unreachable (%d connect attempts; last: %s)", t->addr, t->attempts,
              t->connect_err[0] ? t->connect_err : "pending");
@@ -404,8 +503,89 @@ static void tcp_describe(ncfsm_boot *b, char *buf, size_t n) {
 
 int ncfsm__boot_tcp_hosted_port(const ncfsm_boot *b) {
   if (!b || b->kind != NCFSM_BOOT_TCP || !b->impl) return -1;
-  const tcp_impl *t = b->impl;
+  const tcp_impl *t = ((const tcp_view *)b->impl)->t;
   return t->hosted ? ncfsm__store_port(t->hosted) : -1;
+}
+
+/* ---- recovery ------------------------------------------------------------------ */
+
+static ncfsm_result_t tcp_agree_post(ncfsm_boot *b, ncfsm_boot_req *req) {
+  tcp_view *view = b->impl;
+  tcp_impl *t = view->t;
+  if (t->dead) {
+    ncfsm__boot_seterr(b, "agreement epoch %" PRIu64 ": the connection to store %s is lost: %s",
+                       req->epoch, t->addr, t->b->err);
+    return NCFSM_ERR_BOOTSTRAP;
+  }
+  tcp_op *op = op_new(t, req);
+  if (!op) return NCFSM_ERR_NO_MEMORY;
+  uint8_t v[12];
+  ncfsm__wr64(v, req->epoch);
+  ncfsm__wr32(v + 8, b->timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)b->timeout_ms);
+  if (tcp_send(t, NCFSM__F_AGREE, op->id, view->path, strlen(view->path), v, sizeof v, NULL, 0)) {
+    free(op);
+    ncfsm__boot_seterr(b, "tcp agreement: out of memory");
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  TAILQ_INSERT_TAIL(&t->ops, op, link);
+  req->impl = op;
+  return NCFSM_OK;
+}
+
+/* The store names the ranks that did not post when the first poster's
+ * timeout passes; this runs agree_grace_ms later, when it did not answer. */
+static ncfsm_result_t tcp_agree_expire(ncfsm_boot_req *req, char *msg, size_t n) {
+  tcp_view *v = req->b->impl;
+  tcp_cancel(req);
+  char what[256] = "";
+  tcp_describe(req->b, what, sizeof what);
+  snprintf(msg, n, "tcp agreement epoch %" PRIu64 " of group %s: no answer after %" PRIu64
+                   " ms (%s): the store should have failed it naming the ranks that did not post",
+           req->epoch, v->path, req->b->timeout_ms + ncfsm__boot_tcp_ops.agree_grace_ms, what);
+  return NCFSM_ERR_BOOTSTRAP;
+}
+
+static ncfsm_result_t tcp_survivors(ncfsm_boot *parent, ncfsm_boot_req *agreed, ncfsm_boot *child) {
+  tcp_view *pv = parent->impl;
+  tcp_impl *t = pv->t;
+  tcp_view *v = calloc(1, sizeof *v);
+  uint32_t *ranks = calloc((size_t)child->size, sizeof *ranks);
+  int pl = v ? snprintf(v->path, sizeof v->path, "%s/%" PRIu64, pv->path, agreed->epoch) : 0;
+  if (!v || !ranks) {
+    free(v);
+    free(ranks);
+    ncfsm__boot_seterr(child, "ncfsm_boot_survivors: out of memory");
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  if (pl + 24 > (int)NCFSM__FRAME_KEY_MAX) {
+    free(v);
+    free(ranks);
+    ncfsm__boot_seterr(child, "ncfsm_boot_survivors: survivors' bootstraps nested too deep (the "
+                              "group name would pass the store's %u-byte key limit)",
+                       NCFSM__FRAME_KEY_MAX);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  int k = 0;
+  for (int i = 0; i < parent->size; i++)
+    if (agreed->alive[i]) ranks[k++] = pv->ranks ? pv->ranks[i] : (uint32_t)i;
+  v->t = t;
+  v->b = child;
+  v->ranks = ranks;
+  LIST_INSERT_HEAD(&t->views, v, link);
+  child->impl = v;
+  if (t->dead) {
+    snprintf(child->err, sizeof child->err, "%s", t->b->err);
+    child->failed = NCFSM_ERR_BOOTSTRAP;
+  }
+  for (int i = 0; i < child->size; i++) { /* members lost since the agreement */
+    const char *why = ncfsm__boot_lost_why(t->b, (int)ranks[i]);
+    if (why) {
+      char w2[700];
+      snprintf(w2, sizeof w2, "survivors' rank %d of %.100s is job %.500s", i, v->path, why);
+      ncfsm__boot_peer_lost(child, i, w2);
+    }
+  }
+  return NCFSM_OK;
 }
 
 const ncfsm__boot_ops ncfsm__boot_tcp_ops = {
@@ -416,4 +596,8 @@ const ncfsm__boot_ops ncfsm__boot_tcp_ops = {
     .progress = NULL,
     .cancel = tcp_cancel,
     .describe = tcp_describe,
+    .agree_post = tcp_agree_post,
+    .agree_expire = tcp_agree_expire,
+    .agree_grace_ms = 2000,
+    .survivors = tcp_survivors,
 };

@@ -34,6 +34,18 @@
  * ranked connection that ends fails, for every other rank, each open GATHER
  * it had not contributed to, and (unless rejoin) every later one, naming the
  * rank; a second live claim of a rank fails every open and later GATHER.
+ *
+ * Recovery (docs/bootstrap.md, "Peer loss, agreement and the survivors'
+ * bootstrap"): a ranked connection that ends is pushed as a LOST frame to
+ * every other ranked connection (and to ranks that connect later). Groups:
+ * "@" is the whole job; an AGREE of epoch E in group G completes when every
+ * member of G not gone has posted E, answers the posters with the ranks that
+ * posted and are alive, and makes the group "G/E" of those ranks, whose
+ * GATHERs ("G/E:ag/<n>") are separate from every other group's. One
+ * agreement open per group; epochs increase per group; the first poster's
+ * timeout fails it naming the ranks that did not post. Groups and their
+ * last failure message are charged to max_bytes and kept until the store
+ * closes.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -65,6 +77,7 @@
 
 struct sconn;
 struct entry;
+struct group;
 
 /* A value or a gather result: referenced by the table and by queued replies. */
 struct blob {
@@ -95,6 +108,7 @@ struct entry {
   struct blob *g_buf;
   uint8_t *g_have;
   char *failed;     /* a failed GATHER: every later contribution gets this */
+  struct group *grp; /* a survivors' group's GATHER (g_have by index in it); NULL: the job's */
   LIST_ENTRY(entry) g_link; /* in s->gathers while the gather is open */
   LIST_HEAD(, waiter) waiters;
 };
@@ -119,8 +133,43 @@ struct sconn {
   uint64_t frame_start_ns;
   TAILQ_ENTRY(sconn) partial;
   LIST_HEAD(, waiter) waiters;
+  LIST_HEAD(, agwaiter) agw;  /* parked AGREEs */
   LIST_ENTRY(sconn) link;
 };
+
+/* A parked AGREE. */
+struct agwaiter {
+  LIST_ENTRY(agwaiter) by_grp;
+  LIST_ENTRY(agwaiter) by_conn;
+  struct sconn *c;
+  struct group *g;
+  uint32_t id;
+};
+
+/* "@" (the job) or the survivors of a completed agreement ("@/3", "@/3/5"). */
+struct group {
+  ncfsm__store *s;
+  struct group *hnext;
+  LIST_ENTRY(group) link;
+  uint64_t h;
+  char *path;
+  uint32_t plen;
+  uint32_t n;
+  uint32_t *ranks;          /* [n] job ranks, ascending; NULL: "@", every rank */
+  char *gone;               /* the first member gone: later GATHERs of the group get it */
+  uint64_t charged;
+  /* the agreement open in this group */
+  uint64_t open_epoch;      /* 0: none */
+  uint8_t *posted;          /* [n] */
+  uint64_t deadline_ns;
+  uint64_t timeout_ms;
+  struct event *timer;
+  LIST_HEAD(, agwaiter) waiters;
+  uint64_t last_epoch;      /* the last epoch completed or failed */
+  char *last_fail;          /* why the last failed one failed */
+};
+
+#define GROUP_BUCKETS 256
 
 enum { RS_NONE = 0, RS_LIVE, RS_GONE };
 
@@ -158,6 +207,8 @@ struct ncfsm__store {
   LIST_HEAD(, sconn) conns;
   TAILQ_HEAD(, sconn) partials; /* connections holding an unfinished frame, oldest first */
   LIST_HEAD(, entry) gathers;   /* open gathers */
+  struct group *gtab[GROUP_BUCKETS];
+  LIST_HEAD(, group) groups;
   LIST_HEAD(, blob) blobs;
   struct rankslot *ranks;
   uint32_t job_size;
@@ -491,6 +542,232 @@ static void gather_fail(ncfsm__store *s, struct entry *e, const char *msg) {
   else e->failed = failed_oom;
 }
 
+/* ---- groups and agreements (recovery) -------------------------------------------- */
+
+static uint32_t group_rank(const struct group *g, uint32_t i) { return g->ranks ? g->ranks[i] : i; }
+
+/* rank's index in g, or -1. */
+static int64_t group_index(const struct group *g, uint32_t rank) {
+  if (!g->ranks) return rank < g->n ? (int64_t)rank : -1;
+  uint32_t lo = 0, hi = g->n;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (g->ranks[mid] == rank) return mid;
+    if (g->ranks[mid] < rank) lo = mid + 1;
+    else hi = mid;
+  }
+  return -1;
+}
+
+static struct group *group_find(ncfsm__store *s, const void *path, uint32_t plen) {
+  uint64_t h = XXH64(path, plen, 1);
+  for (struct group *g = s->gtab[h % GROUP_BUCKETS]; g; g = g->hnext)
+    if (g->h == h && g->plen == plen && !memcmp(g->path, path, plen)) return g;
+  return NULL;
+}
+
+static void ag_timer_cb(evutil_socket_t fd, short what, void *arg);
+
+/* A new group of n members (ranks: ascending job ranks, taken over; NULL:
+ * every rank of the job), or NULL when max_bytes has no room. */
+static struct group *group_new(ncfsm__store *s, const char *path, uint32_t plen, uint32_t n,
+                               uint32_t *ranks) {
+  uint64_t cost = sizeof(struct group) + plen + 1 + (uint64_t)n * (ranks ? 5 : 1) + 128;
+  if (charge(s, cost) != 0) return NULL;
+  struct group *g = calloc(1, sizeof *g);
+  if (g) {
+    g->path = malloc(plen + 1);
+    g->posted = calloc(n ? n : 1, 1);
+    g->timer = evtimer_new(s->base, ag_timer_cb, g);
+  }
+  if (!g || !g->path || !g->posted || !g->timer) {
+    if (g) {
+      free(g->path);
+      free(g->posted);
+      if (g->timer) event_free(g->timer);
+      free(g);
+    }
+    uncharge(s, cost);
+    return NULL;
+  }
+  g->s = s;
+  memcpy(g->path, path, plen);
+  g->path[plen] = 0;
+  g->plen = plen;
+  g->n = n;
+  g->ranks = ranks;
+  g->charged = cost;
+  g->h = XXH64(path, plen, 1);
+  LIST_INIT(&g->waiters);
+  g->hnext = s->gtab[g->h % GROUP_BUCKETS];
+  s->gtab[g->h % GROUP_BUCKETS] = g;
+  LIST_INSERT_HEAD(&s->groups, g, link);
+  s->st.groups++;
+  return g;
+}
+
+static void agwaiter_free(ncfsm__store *s, struct agwaiter *w) {
+  LIST_REMOVE(w, by_grp);
+  LIST_REMOVE(w, by_conn);
+  w->c->parked--;
+  uncharge(s, sizeof *w);
+  free(w);
+}
+
+static void set_msg(ncfsm__store *s, char **slot, const char *msg) {
+  if (*slot) {
+    uncharge(s, strlen(*slot) + 1);
+    free(*slot);
+  }
+  *slot = msg ? strdup(msg) : NULL;
+  if (*slot) s->bytes += strlen(msg) + 1; /* bounded: one per group */
+}
+
+static void group_free(ncfsm__store *s, struct group *g) {
+  struct agwaiter *w;
+  while ((w = LIST_FIRST(&g->waiters)) != NULL) agwaiter_free(s, w);
+  set_msg(s, &g->gone, NULL);
+  set_msg(s, &g->last_fail, NULL);
+  event_free(g->timer);
+  free(g->posted);
+  free(g->ranks);
+  free(g->path);
+  uncharge(s, g->charged);
+  s->st.groups--;
+  free(g);
+}
+
+/* "rank 3, rank 5 (job rank 7)" of the live members of g with posted[i] ==
+ * want (at most 16 named). */
+static const char *group_list(ncfsm__store *s, const struct group *g, int want, char *buf,
+                              size_t n) {
+  size_t k = 0;
+  int named = 0, more = 0;
+  buf[0] = 0;
+  for (uint32_t i = 0; i < g->n; i++) {
+    uint32_t r = group_rank(g, i);
+    if (s->ranks[r].state == RS_GONE || (g->posted[i] != 0) != (want != 0)) continue;
+    if (named == 16) {
+      more++;
+      continue;
+    }
+    int w = g->ranks ? snprintf(buf + k, n - k, "%srank %u (job rank %u)", named ? ", " : "", i, r)
+                     : snprintf(buf + k, n - k, "%srank %u", named ? ", " : "", r);
+    if (w < 0 || (size_t)w >= n - k) break;
+    k += (size_t)w;
+    named++;
+  }
+  if (more && k < n) snprintf(buf + k, n - k, " and %d more", more);
+  if (!named) snprintf(buf, n, "none");
+  return buf;
+}
+
+/* The open agreement of g fails: every poster gets msg; the epoch is used. */
+static void ag_fail(ncfsm__store *s, struct group *g, const char *msg) {
+  struct agwaiter *w;
+  while ((w = LIST_FIRST(&g->waiters)) != NULL) {
+    reply_err(w->c, w->id, msg);
+    agwaiter_free(s, w);
+  }
+  if (g->open_epoch > g->last_epoch) g->last_epoch = g->open_epoch;
+  g->open_epoch = 0;
+  event_del(g->timer);
+  set_msg(s, &g->last_fail, msg);
+  s->st.agreements_failed++;
+  NCFSM_INFO(SUB, "store: %s", msg);
+}
+
+static void ag_timer_cb(evutil_socket_t fd, short what, void *arg) {
+  struct group *g = arg;
+  (void)fd;
+  (void)what;
+  if (!g->open_epoch || LIST_EMPTY(&g->waiters)) return;
+  ncfsm__store *s = g->s;
+  char missing[300], posted[300], msg[800];
+  snprintf(msg, sizeof msg, "agreement epoch %" PRIu64 " of group %s not complete after %" PRIu64
+                            " ms: %s did not post it (posted: %s); every live rank must post the "
+                            "same epoch, or raise NCFSM_BOOTSTRAP_TIMEOUT_MS",
+           g->open_epoch, g->path, g->timeout_ms, group_list(s, g, 0, missing, sizeof missing),
+           group_list(s, g, 1, posted, sizeof posted));
+  ag_fail(s, g, msg);
+}
+
+/* Complete g's open agreement if every member not gone has posted. */
+static void ag_eval(ncfsm__store *s, struct group *g) {
+  if (!g->open_epoch) return;
+  uint32_t cnt = 0;
+  for (uint32_t i = 0; i < g->n; i++) {
+    if (s->ranks[group_rank(g, i)].state == RS_GONE) continue;
+    if (!g->posted[i]) return;
+    cnt++;
+  }
+  uint64_t epoch = g->open_epoch;
+  if (cnt == 0 || LIST_EMPTY(&g->waiters)) { /* every poster is gone: nobody to answer */
+    g->open_epoch = 0;
+    g->last_epoch = epoch;
+    event_del(g->timer);
+    return;
+  }
+  char path[NCFSM__FRAME_KEY_MAX + 32], msg[300];
+  int pl = snprintf(path, sizeof path, "%s/%" PRIu64, g->path, epoch);
+  if (pl < 0 || (uint32_t)pl + 24 > s->o.key_max) {
+    snprintf(msg, sizeof msg, "agreement epoch %" PRIu64 " of group %.64s: survivors' groups nested "
+                              "too deep (the group name would pass the %u-byte key limit)",
+             epoch, g->path, s->o.key_max);
+    return ag_fail(s, g, msg);
+  }
+  uint32_t *ranks = malloc((size_t)cnt * sizeof *ranks);
+  struct group *child = NULL;
+  struct blob *res = NULL;
+  if (ranks) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < g->n; i++) {
+      uint32_t r = group_rank(g, i);
+      if (g->posted[i] && s->ranks[r].state != RS_GONE) ranks[k++] = r;
+    }
+    child = group_new(s, path, (uint32_t)pl, cnt, ranks);
+    if (!child) free(ranks);
+  }
+  if (child) res = blob_new(s, s->job_size);
+  if (!res) {
+    snprintf(msg, sizeof msg, "agreement epoch %" PRIu64 " of group %.64s: store full (no room for "
+                              "the survivors' group; raise --max-bytes)",
+             epoch, g->path);
+    return ag_fail(s, g, msg);
+  }
+  memset(res->data, 0, res->len);
+  for (uint32_t k = 0; k < cnt; k++) res->data[child->ranks[k]] = 1;
+  struct agwaiter *w;
+  while ((w = LIST_FIRST(&g->waiters)) != NULL) {
+    reply_blob(w->c, w->id, res);
+    agwaiter_free(s, w);
+  }
+  blob_unref(res);
+  g->open_epoch = 0;
+  g->last_epoch = epoch;
+  event_del(g->timer);
+  s->st.agreements_done++;
+  NCFSM_INFO(SUB, "store: agreement epoch %" PRIu64 " of group %s complete: %u of %u ranks (group %s)",
+             epoch, g->path, cnt, g->n, child->path);
+}
+
+/* Tell every other ranked connection that rank was lost. */
+static void push_lost(ncfsm__store *s, uint32_t rank, const char *why) {
+  size_t wl = strlen(why);
+  if (wl > 1000) wl = 1000;
+  uint8_t v[4 + 1000];
+  ncfsm__wr32(v, rank);
+  memcpy(v + 4, why, wl);
+  struct sconn *o;
+  LIST_FOREACH(o, &s->conns, link) {
+    if (!o->ranked || o->released || o->closing || o->rank == rank) continue;
+    reply(o, NCFSM__F_LOST, 0, v, (uint32_t)(4 + wl));
+    s->st.lost_pushed++;
+  }
+}
+
+static const char *handle_agree(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);
+
 /* A ranked connection ended (closed, died, or closed by the store): every
  * open gather it had not contributed to fails for the others at once. */
 static void rank_release(struct sconn *c, const char *reason) {
@@ -508,15 +785,33 @@ static void rank_release(struct sconn *c, const char *reason) {
   if (s->n_gone++ == 0) s->first_gone = c->rank;
   s->st.ranks_gone++;
   NCFSM_INFO(SUB, "store: %s", why);
+  struct agwaiter *aw;
+  while ((aw = LIST_FIRST(&c->agw)) != NULL) agwaiter_free(s, aw);
+  push_lost(s, c->rank, why);
   for (struct entry *e = LIST_FIRST(&s->gathers), *next; e; e = next) {
     next = LIST_NEXT(e, g_link);
-    if (e->g_have[c->rank]) continue;
+    if (e->grp) {
+      int64_t i = group_index(e->grp, c->rank);
+      if (i < 0 || e->g_have[i]) continue;
+    } else if (e->g_have[c->rank]) continue;
     char k[48], msg[600];
     snprintf(msg, sizeof msg,
              "allgather %s failed: rank %u (%s) disconnected before contributing (%s); see rank "
              "%u's log",
              key_str(e, k, sizeof k), c->rank, c->peer, reason, c->rank);
     gather_fail(s, e, msg);
+  }
+  /* the survivors' groups it belonged to: later GATHERs fail, open agreements
+   * go on without it (its loss may complete one) */
+  struct group *g;
+  LIST_FOREACH(g, &s->groups, link) {
+    int64_t i = group_index(g, c->rank);
+    if (i < 0) continue;
+    if (g->ranks && !g->gone) set_msg(s, &g->gone, why);
+    if (g->open_epoch) {
+      g->posted[i] = 0;
+      ag_eval(s, g); /* a group it makes is put at the head: not visited again */
+    }
   }
 }
 
@@ -563,6 +858,8 @@ static void conn_free(struct sconn *c) {
     waiter_free(s, w);
     entry_maybe_drop(s, e);
   }
+  struct agwaiter *aw;
+  while ((aw = LIST_FIRST(&c->agw)) != NULL) agwaiter_free(s, aw);
   if (c->in_partial) TAILQ_REMOVE(&s->partials, c, partial);
   s->inflight -= c->in_acct;
   event_free(c->timer);
@@ -775,6 +1072,18 @@ static const char *handle_hello(struct sconn *c, const ncfsm__frame *f, char *bu
                            (size_t)NCFSM__FRAME_HDR + s->lim.key_max + s->lim.value_max);
   NCFSM_TRACE(SUB, "store: %s authenticated as rank %u of %u", c->peer, rank, size);
   reply(c, NCFSM__F_OK, f->id, NULL, 0);
+  if (c->ranked && s->n_gone) /* the ranks lost before it came */
+    for (uint32_t r = 0; r < s->job_size; r++) {
+      const struct rankslot *sl = &s->ranks[r];
+      if (sl->state != RS_GONE || !sl->why) continue;
+      size_t wl = strlen(sl->why);
+      uint8_t v[4 + 400];
+      if (wl > 400) wl = 400;
+      ncfsm__wr32(v, r);
+      memcpy(v + 4, sl->why, wl);
+      reply(c, NCFSM__F_LOST, 0, v, (uint32_t)(4 + wl));
+      s->st.lost_pushed++;
+    }
   return NULL;
 }
 
@@ -853,14 +1162,42 @@ static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *b
     return reply_err(c, f->id, "GATHER needs a ranked connection: HELLO with this rank and the "
                                "job size (size > 0)"),
            NULL;
-  if (rank != c->rank) {
+  struct group *grp = NULL;
+  if (f->key[0] == '@') { /* a survivors' group's: "<group>:ag/<n>", rank = index in the group */
+    const uint8_t *colon = memchr(f->key, ':', f->klen);
+    grp = colon ? group_find(s, f->key, (uint32_t)(colon - f->key)) : NULL;
+    if (!grp || !grp->ranks) {
+      snprintf(buf, n, "GATHER %.*s: no survivors' group %.*s (no agreement made it)",
+               (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
+               (int)(colon ? colon - f->key : 0), (const char *)f->key);
+      return reply_err(c, f->id, buf), NULL;
+    }
+    int64_t idx = group_index(grp, c->rank);
+    if (idx < 0 || (uint32_t)idx != rank) {
+      snprintf(buf, n, "GATHER in group %s as index %u by job rank %u, whose index there is %lld",
+               grp->path, rank, c->rank, (long long)idx);
+      return buf;
+    }
+  } else if (rank != c->rank) {
     snprintf(buf, n, "GATHER as rank %u on the connection of rank %u", rank, c->rank);
     return buf;
   }
   char k[48];
   struct entry *e = table_get(s, f->key, f->klen, 0);
   if (e && e->failed) return reply_err(c, f->id, e->failed), NULL;
-  if (!e || !e->gather) {
+  if ((!e || !e->gather) && grp) {
+    if (s->conflict) return reply_err(c, f->id, s->conflict), NULL;
+    if (grp->gone) {
+      char msg[600];
+      snprintf(msg, sizeof msg, "allgather %.*s cannot complete: %s", (int)(f->klen < 80 ? f->klen : 80),
+               (const char *)f->key, grp->gone);
+      return reply_err(c, f->id, msg), NULL;
+    }
+    if (size != grp->n) {
+      snprintf(buf, n, "GATHER of size %u in group %s of %u ranks", size, grp->path, grp->n);
+      return reply_err(c, f->id, buf), NULL;
+    }
+  } else if (!e || !e->gather) {
     if (s->conflict) return reply_err(c, f->id, s->conflict), NULL;
     if (s->n_gone && !s->o.rejoin) {
       char msg[600];
@@ -899,6 +1236,7 @@ static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *b
       return NULL;
     }
     e->gather = 1;
+    e->grp = grp;
     e->g_size = size;
     e->g_len = len;
     LIST_INSERT_HEAD(&s->gathers, e, g_link);
@@ -929,6 +1267,89 @@ static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *b
   return NULL;
 }
 
+/* AGREE: key = group, value = u64 epoch, u32 timeout ms. */
+static const char *handle_agree(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
+  ncfsm__store *s = c->s;
+  if (!c->ranked)
+    return reply_err(c, f->id, "AGREE needs a ranked connection: HELLO with this rank and the job "
+                               "size (size > 0)"),
+           NULL;
+  if (s->conflict) return reply_err(c, f->id, s->conflict), NULL;
+  uint64_t epoch = ncfsm__rd64(f->value);
+  uint32_t tmo = ncfsm__rd32(f->value + 8);
+  struct group *g = group_find(s, f->key, f->klen);
+  if (!g && f->klen == 1 && f->key[0] == '@') {
+    g = group_new(s, "@", 1, s->job_size, NULL);
+    if (!g) return reply_err(c, f->id, "store full (NCFSM store max bytes)"), NULL;
+  }
+  char msg[800];
+  if (!g) {
+    snprintf(msg, sizeof msg, "AGREE in group %.*s: no such group (no agreement made it)",
+             (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key);
+    return reply_err(c, f->id, msg), NULL;
+  }
+  int64_t idx = group_index(g, c->rank);
+  if (idx < 0) {
+    snprintf(msg, sizeof msg, "AGREE in group %s by job rank %u, which is not in it", g->path, c->rank);
+    return reply_err(c, f->id, msg), NULL;
+  }
+  char who[60];
+  if (g->ranks) snprintf(who, sizeof who, "rank %lld (job rank %u)", (long long)idx, c->rank);
+  else snprintf(who, sizeof who, "rank %u", c->rank);
+  if (epoch == 0 || epoch <= g->last_epoch) {
+    snprintf(msg, sizeof msg, "agreement epoch %" PRIu64 " of group %s posted by %s: not above the "
+                              "group's last agreement epoch %" PRIu64 "%s%s%s; every live rank posts "
+                              "the same increasing epoch",
+             epoch, g->path, who, g->last_epoch, g->last_fail ? " (which failed: " : "",
+             g->last_fail ? g->last_fail : "", g->last_fail ? ")" : "");
+    return reply_err(c, f->id, msg), NULL;
+  }
+  if (g->open_epoch && g->open_epoch != epoch) {
+    char posted[300];
+    snprintf(msg, sizeof msg, "agreement epochs differ in group %s: %s posted epoch %" PRIu64
+                              " while %s posted epoch %" PRIu64 "; every live rank must post the "
+                              "same epoch (both fail; post a higher one on every rank)",
+             g->path, who, epoch, group_list(s, g, 1, posted, sizeof posted), g->open_epoch);
+    uint64_t hi = epoch > g->open_epoch ? epoch : g->open_epoch;
+    ag_fail(s, g, msg);
+    g->last_epoch = hi;
+    return reply_err(c, f->id, msg), NULL;
+  }
+  if (g->open_epoch && g->posted[idx]) {
+    snprintf(msg, sizeof msg, "agreement epoch %" PRIu64 " of group %s: %s posted it twice", epoch,
+             g->path, who);
+    return reply_err(c, f->id, msg), NULL;
+  }
+  if (c->parked >= s->o.max_parked) return parked_why(c, buf, n);
+  struct agwaiter *w = NULL;
+  if (charge(s, sizeof *w) != 0) return reply_err(c, f->id, "store full (NCFSM store max bytes)"), NULL;
+  if (!(w = calloc(1, sizeof *w))) {
+    uncharge(s, sizeof *w);
+    return reply_err(c, f->id, "store out of memory"), NULL;
+  }
+  uint64_t dl = ncfsm__now_ns() + (uint64_t)tmo * 1000000ull;
+  if (!g->open_epoch) {
+    g->open_epoch = epoch;
+    memset(g->posted, 0, g->n);
+    g->deadline_ns = 0;
+  }
+  if (!g->deadline_ns || dl < g->deadline_ns) { /* the first poster's timeout (or a shorter one) */
+    g->deadline_ns = dl;
+    g->timeout_ms = tmo;
+    struct timeval tv = ms_tv(tmo);
+    evtimer_add(g->timer, &tv);
+  }
+  w->c = c;
+  w->g = g;
+  w->id = f->id;
+  c->parked++;
+  LIST_INSERT_HEAD(&g->waiters, w, by_grp);
+  LIST_INSERT_HEAD(&c->agw, w, by_conn);
+  g->posted[idx] = 1;
+  ag_eval(s, g);
+  return NULL;
+}
+
 static const char *handle(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
   c->s->st.frames++;
   if (f->type == NCFSM__F_HELLO) return handle_hello(c, f, buf, n);
@@ -939,6 +1360,7 @@ static const char *handle(struct sconn *c, const ncfsm__frame *f, char *buf, siz
   case NCFSM__F_WAIT: return handle_get(c, f, buf, n);
   case NCFSM__F_ADD: handle_add(c, f); return NULL;
   case NCFSM__F_GATHER: return handle_gather(c, f, buf, n);
+  case NCFSM__F_AGREE: return handle_agree(c, f, buf, n);
   default: return "reply frame (OK/ERR) sent to the server";
   }
 }
@@ -1167,6 +1589,7 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
   c->bev = bev;
   c->timer = timer;
   LIST_INIT(&c->waiters);
+  LIST_INIT(&c->agw);
   snprintf(c->peer, sizeof c->peer, "%s", peer);
   memcpy(c->akey, akey, sizeof c->akey);
   c->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), conn_out_cb, s);
@@ -1361,6 +1784,7 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   LIST_INIT(&s->conns);
   TAILQ_INIT(&s->partials);
   LIST_INIT(&s->gathers);
+  LIST_INIT(&s->groups);
   LIST_INIT(&s->blobs);
   s->relisten = evtimer_new(base, relisten_cb, s);
   if (!s->token || !s->tab || !s->relisten) {
@@ -1422,6 +1846,11 @@ void ncfsm__store_close(ncfsm__store *s) {
       next = e->hnext;
       entry_delete(s, e);
     }
+  struct group *g;
+  while ((g = LIST_FIRST(&s->groups)) != NULL) {
+    LIST_REMOVE(g, link);
+    group_free(s, g);
+  }
   /* Replies not yet freed by libevent may still reference blobs: detach them. */
   struct blob *b;
   while ((b = LIST_FIRST(&s->blobs)) != NULL) {

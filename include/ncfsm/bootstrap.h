@@ -98,6 +98,68 @@ ncfsm_result_t ncfsm_boot_barrier_post(ncfsm_boot *b, ncfsm_boot_req **req);
 /* Convenience: post, then run base until done or the timeout. */
 ncfsm_result_t ncfsm_boot_allgather(ncfsm_boot *b, const void *send, void *recv, size_t len);
 
+/* ---- Recovery from dead ranks: peer loss, agreement, the survivors' bootstrap ----
+ * (docs/bootstrap.md, "Peer loss, agreement and the survivors' bootstrap"). tcp and local;
+ * pmix returns NCFSM_ERR_UNSUPPORTED with the reason in ncfsm_boot_last_error (Open MPI's
+ * mpirun ends the whole job when a process dies; use the TCP store, NCFSM_BOOTSTRAP=tcp, for
+ * recovery). Call these on the thread that runs the bootstrap's event_base. */
+
+/* Peer loss: cb runs on the base's thread, from its dispatch, once per lost rank, with a
+ * message saying why ("rank 2 (127.0.0.1:41522): connection closed by the peer (process
+ * exited or was killed?)").
+ * tcp: the store pushes it to every connected rank as soon as it sees a rank's connection
+ * close or closes a rank for misbehaviour (also when no allgather is open); a rank that
+ * connects later is told of the ranks lost before it. A rank that closes its bootstrap at the
+ * end of a job is lost too, for the ranks still open.
+ * local: another member closed its bootstrap (a thread that ends without closing is not seen).
+ * A rank lost before the call is reported too (right after the call, from the dispatch): each
+ * registration is told every lost rank once. One callback per bootstrap: a second call
+ * replaces it (and is told every lost rank again); cb NULL removes it. rank is in this
+ * bootstrap's ranks (on a survivors' bootstrap, its index among the survivors).
+ * The callback may call ncfsm_boot_on_peer_lost and post requests; ncfsm_boot_close of this
+ * bootstrap from inside it returns NCFSM_ERR_BUSY.
+ * NCFSM_ERR_INVALID_ARGUMENT for a bad handle; pmix: NCFSM_ERR_UNSUPPORTED. */
+typedef void (*ncfsm_boot_lost_cb)(ncfsm_boot *b, int rank, const char *why, void *arg);
+ncfsm_result_t ncfsm_boot_on_peer_lost(ncfsm_boot *b, ncfsm_boot_lost_cb cb, void *arg);
+
+/* Survivor agreement: every live rank posts the same epoch (> 0, increasing on this
+ * bootstrap); the request completes when every rank the store (local: the group) still counts
+ * as alive has posted that epoch; its result is the set of ranks that posted (and are still
+ * alive). A rank lost before or during it is left out. A live rank that never posts makes it
+ * fail, for every rank that posted, timeout_ms after the first post (the bootstrap's
+ * timeout_ms; the store times it with the first poster's) with NCFSM_ERR_BOOTSTRAP naming the
+ * ranks that did not post. Ranks that post different epochs make it fail at once, naming
+ * them; a later post of an epoch not above the last one agreed or failed is refused.
+ * It is not ordered with allgathers (its own key space), so survivors may post it whatever
+ * allgathers were open when a rank died, and on a bootstrap whose allgathers have failed.
+ * A failed agreement does not make the bootstrap fail: post a higher epoch to retry.
+ * Misuse: epoch 0 or not above the last epoch posted on this bootstrap:
+ * NCFSM_ERR_INVALID_ARGUMENT; an agreement of this bootstrap not finished yet:
+ * NCFSM_ERR_BUSY; the store connection lost: NCFSM_ERR_BOOTSTRAP; pmix: NCFSM_ERR_UNSUPPORTED.
+ * Freeing an unfinished agreement does not withdraw the post (this rank still counts as
+ * having posted it). ncfsm_boot_test, ncfsm_boot_req_on_done and ncfsm_boot_req_free work on
+ * it as on an allgather. */
+ncfsm_result_t ncfsm_boot_agree_post(ncfsm_boot *b, uint64_t epoch, ncfsm_boot_req **req);
+/* After the request completed with NCFSM_OK: alive[i] is 1 for each rank of the agreement, 0
+ * for the others (size entries, the bootstrap's size), *nalive their number (either may be
+ * NULL). NCFSM_ERR_AGAIN while it runs, its error if it failed, NCFSM_ERR_INVALID_ARGUMENT
+ * for a request that is not an agreement. */
+ncfsm_result_t ncfsm_boot_agree_result(ncfsm_boot_req *req, uint8_t *alive, int *nalive);
+
+/* The survivors' bootstrap: after a completed agreement, a bootstrap over the agreed ranks
+ * only (rank = this rank's index among them in rank order, size = nalive; local rank and
+ * local size are the parent's: the process keeps its node and device), whose allgathers (and
+ * barriers, and nested agreements) are separate from the parent's and from other epochs'.
+ * It shares the parent's connection (tcp) or joins the group "<parent group>/<epoch>"
+ * (local); close it before the parent (closing the parent first: NCFSM_ERR_BUSY).
+ * ncfsm_boot_rank/size/last_error and ncfsm_boot_on_peer_lost work on it; closing it releases
+ * only it. At most one per agreement request (a second: NCFSM_ERR_BUSY). Used to exchange a
+ * new ncclUniqueId among the survivors. Misuse (agreed not an agreement of b, not completed
+ * with NCFSM_OK, or this rank not in it): NCFSM_ERR_INVALID_ARGUMENT; pmix:
+ * NCFSM_ERR_UNSUPPORTED. tcp: a rank-0-hosted store dies with rank 0; recovery needs a
+ * standalone ncfsm-store or rank 0 surviving. */
+ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm_boot **out);
+
 #ifdef __cplusplus
 }
 #endif

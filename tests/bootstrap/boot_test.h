@@ -73,4 +73,25 @@ static inline void bt_check(const unsigned char *recv, size_t len, int size, int
   free(want);
 }
 
+/* Run base until req is finished or secs passed; its status. */
+static inline ncfsm_result_t bt_wait(struct event_base *base, ncfsm_boot_req *req, double secs) {
+  double t0 = bt_now();
+  while (ncfsm_boot_test(req) == NCFSM_ERR_AGAIN && bt_now() - t0 < secs) {
+    struct timeval tv = {0, 20000};
+    event_base_loopexit(base, &tv);
+    event_base_loop(base, EVLOOP_ONCE);
+  }
+  return ncfsm_boot_test(req);
+}
+
+/* Run base for about secs (callbacks, wakes). */
+static inline void bt_spin(struct event_base *base, double secs) {
+  double t0 = bt_now();
+  while (bt_now() - t0 < secs) {
+    struct timeval tv = {0, 10000};
+    event_base_loopexit(base, &tv);
+    event_base_loop(base, EVLOOP_ONCE);
+  }
+}
+
 #endif
