@@ -49,6 +49,18 @@ static void test_under_mpirun(void **state) {
     assert_int_equal(i * 10, o1[i]);
     assert_int_equal(i * 10 + 1, o2[i]);
   }
+  /* recovery from dead ranks: not with pmix (mpirun ends the job), said so */
+  ncfsm_boot_req *ar = (ncfsm_boot_req *)1;
+  ncfsm_boot *sv = (ncfsm_boot *)1;
+  assert_int_equal(NCFSM_ERR_UNSUPPORTED, ncfsm_boot_on_peer_lost(b, NULL, NULL));
+  assert_non_null(strstr(ncfsm_boot_last_error(b), "mpirun ends the whole job"));
+  assert_non_null(strstr(ncfsm_boot_last_error(b), "NCFSM_BOOTSTRAP=tcp"));
+  assert_int_equal(NCFSM_ERR_UNSUPPORTED, ncfsm_boot_agree_post(b, 1, &ar));
+  assert_null(ar);
+  assert_non_null(strstr(ncfsm_boot_last_error(b), "ncfsm_boot_agree_post"));
+  assert_int_equal(NCFSM_ERR_UNSUPPORTED, ncfsm_boot_survivors(b, NULL, &sv));
+  assert_null(sv);
+  assert_non_null(strstr(ncfsm_boot_last_error(b), "NCFSM_BOOTSTRAP=tcp"));
   assert_int_equal(NCFSM_OK, ncfsm_boot_close(b));
   event_base_free(base);
 }
