@@ -54,6 +54,7 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   o->on_error = !strcmp(p, "stay")     ? NCFSM_ON_ERROR_STAY
                 : !strcmp(p, "exit")   ? NCFSM_ON_ERROR_EXIT
                 : !strcmp(p, "revoke") ? NCFSM_ON_ERROR_REVOKE
+                : !strcmp(p, "shrink") ? NCFSM_ON_ERROR_SHRINK
                                        : NCFSM_ON_ERROR_ABORT;
 }
 

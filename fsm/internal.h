@@ -168,6 +168,7 @@ struct ncfsm_comm {
   uint64_t nsplits;         /* parent: calls issued (child comm ids derive from it) */
   bool was_revoked;         /* guard WAS_REVOKED: a shrink of a revoked comm */
   bool grow_id_made;        /* ncfsm_comm_grow_id ran here: this rank passes the id to NCCL */
+  struct ncfsm__recovery *recovery; /* fsm/recover.c: armed or running (NULL: none) */
   uint64_t state_since_ns; /* when it entered its current state */
   uint64_t created_ns;
 };
@@ -215,6 +216,7 @@ struct ncfsm_loop {
   ncfsm_comm *comms;
   int ncomms;
   ncfsm__stats stats;    /* introspection counters */
+  struct ncfsm__recovery *recoveries; /* fsm/recover.c */
   int nqueued;           /* batches in launch queues (all comms) */
   uint64_t batch_order;  /* the last batch's order */
   uint64_t launch_id;    /* the last launch's id (flight recorder "group") */
@@ -361,6 +363,12 @@ bool ncfsm__split_geometry(ncfsm_comm *c);
 /* The parent failed or was aborted before its call was final: the child
  * fails with the reason. */
 void ncfsm__split_orphan(ncfsm_comm *parent, const char *why);
+
+/* ---- recover.c ---- */
+/* With the lock: an armed comm failed; its recovery starts (once). */
+void ncfsm__recover_start(ncfsm_comm *c, const char *why);
+void ncfsm__recover_free_all(ncfsm_loop *loop);
+void ncfsm__recover_detach(ncfsm_comm *c);
 
 /* ---- progress.c ---- */
 void ncfsm__progress(ncfsm_loop *loop);

@@ -472,6 +472,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
     return NCFSM_ERR_BUSY;
   }
   loop->magic = NCFSM__DEAD_MAGIC;
+  ncfsm__recover_free_all(loop);
   ncfsm__comm_free_all(loop);
   pthread_mutex_unlock(&loop->mu);
   event_free(loop->ev_wake);

@@ -123,8 +123,8 @@ bool ncfsm__verify_poll(ncfsm_comm *c, uint64_t now) {
       return progress;
     }
     if (r != NCFSM_OK) {
-      snprintf(what, sizeof what, "verification: the exchange at seq %llu failed (%s)",
-               (unsigned long long)v->mine.seq, ncfsm_err_name(r));
+      snprintf(what, sizeof what, "verification: the exchange at seq %llu failed (%s: %s)",
+               (unsigned long long)v->mine.seq, ncfsm_err_name(r), c->vboot ? ncfsm_boot_last_error(c->vboot) : "");
       fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, what);
       return true;
     }
@@ -334,8 +334,8 @@ bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now) {
       return progress;
     }
     if (r != NCFSM_OK) {
-      snprintf(what, sizeof what, "strict verification: the exchange of collective %llu failed (%s)",
-               (unsigned long long)v->mine.round, ncfsm_err_name(r));
+      snprintf(what, sizeof what, "strict verification: the exchange of collective %llu failed (%s: %s)",
+               (unsigned long long)v->mine.round, ncfsm_err_name(r), ncfsm_boot_last_error(c->vboot));
       fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, what);
       return true;
     }

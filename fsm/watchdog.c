@@ -82,6 +82,15 @@ void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int
     case NCFSM_ON_ERROR_EXIT:
       fprintf(stderr, "ncfsm: %s; exiting (on_error=exit)\n", c->last_error);
       exit(3);
+    case NCFSM_ON_ERROR_SHRINK:
+      if (c->recovery) {
+        ncfsm__recover_start(c, c->failure);
+        break;
+      }
+      ncfsm__set_error(c, "%.400s; the error policy is shrink but no recovery is armed "
+                          "(ncfsm_comm_set_recovery): it aborts the comm", c->failure);
+      ncfsm__fire(c, NCFSM_EV_POLICY_ABORT, cause);
+      break;
     case NCFSM_ON_ERROR_REVOKE: {
       /* Once: a revoke that itself failed (REVOKING -> ERROR) is aborted. */
       char keep[440];

@@ -25,6 +25,7 @@ static void comm_free(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   if (c->uid_req) ncfsm_boot_req_free(c->uid_req);
   ncfsm__verify_free(c);
+  ncfsm__recover_detach(c);
   free(c->uid_buf);
   for (ncfsm_comm **pp = &loop->comms; *pp; pp = &(*pp)->next)
     if (*pp == c) { *pp = c->next; loop->ncomms--; break; }

@@ -205,9 +205,12 @@ typedef enum ncfsm_error_policy {
   NCFSM_ON_ERROR_ABORT = 0, /* default: fail pending works, abort the comm (R5, R10) */
   NCFSM_ON_ERROR_STAY,      /* fail pending works, stay in ERROR until the user aborts */
   NCFSM_ON_ERROR_EXIT,      /* fail pending works, then exit(3) */
-  NCFSM_ON_ERROR_REVOKE     /* fail pending works, then ncclCommRevoke where the runtime has it
+  NCFSM_ON_ERROR_REVOKE,    /* fail pending works, then ncclCommRevoke where the runtime has it
                                (R6: ERROR -> REVOKING -> REVOKED; destroy or shrink follow), else
                                abort as NCFSM_ON_ERROR_ABORT does */
+  NCFSM_ON_ERROR_SHRINK     /* fail pending works, then the armed recovery runs (ncfsm_comm_set_recovery:
+                               revoke, agree on the survivors, shrink or re-init, report the new comm);
+                               without one, abort as NCFSM_ON_ERROR_ABORT does */
 } ncfsm_error_policy_t;
 
 /* Behaviour of the sim backend (a model of NCCL 2.28, see docs/sim.md). */
@@ -371,6 +374,40 @@ ncfsm_result_t ncfsm_comm_grow_id(ncfsm_comm *parent, ncfsm_unique_id *id);
  * it only from the rank that made it). */
 ncfsm_result_t ncfsm_comm_grow(ncfsm_comm *parent, int nranks, const ncfsm_unique_id *id, int rank,
                                ncfsm_comm *child);
+
+/* ---- recovery without restart (docs/recovery.md) --------------------------------
+ * An armed comm that fails (error policy NCFSM_ON_ERROR_SHRINK, or
+ * ncfsm_comm_recover) or whose bootstrap reports a lost rank is replaced: the
+ * survivors revoke it where the runtime can (R6), agree on who is alive
+ * through the bootstrap, shrink it to them (R7; or, where a shrink is not
+ * possible or fails, abort it and initialise a new comm over the survivors'
+ * bootstrap), abort it, and get the new comm in the callback, armed in turn.
+ * The old comm's works failed once, with the cause; the new comm's seqs start
+ * at 0. Needs a bootstrap with agreement (tcp, local: docs/bootstrap.md). */
+typedef struct ncfsm_recovery_report {
+  ncfsm_result_t status;     /* NCFSM_OK: fresh is READY */
+  ncfsm_comm *old;           /* the failed comm, aborted; the caller still releases it */
+  ncfsm_comm *fresh;         /* the new comm (NULL on failure); the caller owns it */
+  struct ncfsm_boot *boot;   /* the survivors' bootstrap the fresh comm is armed with (close it after the comm) */
+  const int *excluded;       /* ranks of the old comm left out (valid during the callback) */
+  int nexcluded;
+  const char *how;           /* "shrink" or "reinit" */
+  uint64_t epoch;            /* the agreement's epoch */
+  uint64_t t_fail_ns;        /* CLOCK_MONOTONIC when the failure was seen */
+  double detect_to_agreed_ms, detect_to_ready_ms;
+  char why[384];             /* what failed, or why the recovery failed */
+} ncfsm_recovery_report;
+typedef void (*ncfsm_recover_cb)(const ncfsm_recovery_report *r, void *arg);
+typedef struct ncfsm_recovery_opts {
+  struct ncfsm_boot *boot;            /* the agreement channel: the bootstrap the comm was made with */
+  const ncfsm_comm_opts *fresh_opts;  /* the new comm's options (NULL: the old comm's) */
+  ncfsm_recover_cb cb;                /* on the loop thread, once per recovery */
+  void *arg;
+} ncfsm_recovery_opts;
+/* Arm c (once, while it is live); registers for the bootstrap's peer-loss reports. */
+ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *comm, const ncfsm_recovery_opts *opts);
+/* Fail c now (its works fail with NCFSM_ERR_ASYNC) and recover it. */
+ncfsm_result_t ncfsm_comm_recover(ncfsm_comm *comm);
 
 ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *comm);
 ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *comm);
