@@ -5,7 +5,7 @@
 # Runs examples/05_recovery as N processes that meet through a standalone
 # ncfsm-store on a free loopback port (a store hosted by a rank would die
 # with it), one of which kills itself with SIGKILL; then prints the
-# survivors' records (OUTDIR/rank<r>.json) as a table. --check: exit 1
+# survivors' records (OUTDIR/rank<r>.json) as a table (also OUTDIR/report.md). --check: exit 1
 # unless every survivor finished every iteration with the right sums after
 # exactly one recovery, and the victim died by SIGKILL. Environment: BUILD
 # (default: this script's ../../build), CASE_TIMEOUT (s, default 120).
@@ -59,5 +59,5 @@ cat "$out"/rank*.out
 echo
 args=(--report "$out" --np "$n" --victim "$victim" --exits "${rcs[*]}")
 [ $check -eq 1 ] && args+=(--check)
-"$bin" "${args[@]}"
-exit $?
+"$bin" "${args[@]}" | tee "$out/report.md"
+exit "${PIPESTATUS[0]}"
