@@ -58,6 +58,10 @@ void ncfsm__sim_fault_unit(sim_comm *c, size_t n);
 int ncfsm__sim_fault_op(sim_comm *c, uint64_t seq, int first, int collective);
 /* Its shared descriptor was filled: an injected mismatch changes it (shm locked). */
 void ncfsm__sim_fault_desc(sim_comm *c, uint64_t seq, shm_op *s);
+/* 1 while m's launch is slowed by a SLOW fault and its countdown runs: the
+ * group end it belongs to stays InProgress for every comm of it (NCCL's one
+ * helper thread launches a group end's comms together). */
+int ncfsm__sim_fault_holds(const sim_comm *m);
 /* A poll of the async state (before the phase's tick). */
 void ncfsm__sim_fault_poll(sim_comm *c);
 

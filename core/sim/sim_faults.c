@@ -9,7 +9,8 @@
  *                 init: fail_init; launch: the launch's first op, as AT_OP;
  *                 finalize/revoke/split: that phase's last poll returns the
  *                 code; AT_POLL/AT_MS: the async state becomes the code at
- *                 that poll (inside a phase: at the phase's end)
+ *                 that poll (a launch or finalize in progress ends with it
+ *                 at once; an init, revoke or split at its end)
  *   INIT_FAIL     fail_init
  *   INIT_HANG     the init phase's countdown never runs out
  *   SLOW          the countdown of the phases after the trigger grows
@@ -82,6 +83,7 @@ struct sim_fstate {
   int jitter;
   int phase_err;  /* the current phase ends with this error */
   int post_err;   /* the next launch's first op gets this async error */
+  int slowed;     /* the current launch was slowed: it holds its group end */
   int mm_next;    /* field + 1: the next collective posted gets this mismatch */
   int mm_field;   /* field + 1 for op mm_seq */
   uint64_t mm_seq;
@@ -312,6 +314,7 @@ int ncfsm__sim_fault_phase(sim_comm *c, sim_phase ph, int countdown, size_t nops
   if (!fs || ph <= SIM_PH_NONE || ph > SIM_PH_XCOMM) return countdown;
   uint64_t nth = ++fs->nphase[ph];
   fs->phase_err = 0; /* one left by a phase that ended without a poll (abort, a dead peer) */
+  if (ph == SIM_PH_LAUNCH) fs->slowed = 0;
   int cd = countdown < 0 ? 0 : countdown;
   if (fs->jitter > 0 && (ph != SIM_PH_LAUNCH || c->o.group_end_inprogress)) {
     fs->rng = mix(fs->rng);
@@ -352,11 +355,16 @@ int ncfsm__sim_fault_phase(sim_comm *c, sim_phase ph, int countdown, size_t nops
       sim_phase want = f->when == NCFSM_AT_STATE ? fph : SIM_PH_LAUNCH;
       if (want == ph) {
         cd = add_polls(cd, f->polls);
+        if (ph == SIM_PH_LAUNCH) fs->slowed = 1;
         if (x->slow_left && --x->slow_left == 0) x->slow_on = 0;
       }
     }
   }
   return cd;
+}
+
+int ncfsm__sim_fault_holds(const sim_comm *m) {
+  return m->fs && m->fs->slowed && m->phase == SIM_PH_LAUNCH && m->armed && m->countdown > 0;
 }
 
 int ncfsm__sim_fault_phase_end(sim_comm *c, int final) {
@@ -525,10 +533,14 @@ void ncfsm__sim_fault_poll(sim_comm *c) {
     snprintf(where, sizeof where, "at poll %llu", (unsigned long long)fs->polls);
     if (f->kind == NCFSM_FAULT_ASYNC_ERROR) {
       int code = f->code ? f->code : NCFSM__NCCL_REMOTE_ERROR;
-      if (c->phase != SIM_PH_NONE) {
-        fs->phase_err = code;
-      } else if (c->state == NCFSM__NCCL_SUCCESS) {
+      if (c->phase == SIM_PH_INIT || c->phase == SIM_PH_REVOKE || c->phase == SIM_PH_XCOMM) {
+        fs->phase_err = code; /* these phases end with it (their own bookkeeping runs) */
+      } else if (c->state == NCFSM__NCCL_SUCCESS || c->state == NCFSM__NCCL_IN_PROGRESS) {
+        /* now, also inside a launch or finalize phase: as a dead peer (sim_exec.c) */
         c->state = code;
+        c->phase = SIM_PH_NONE;
+        c->armed = 0;
+        c->poisoned = 0;
         ncfsm__sim_warn("sim: injected async error %d %s (rank %d)", code, where, c->rank);
       }
     } else {

@@ -23,7 +23,8 @@
  * time: the sim's fault registry is process-wide. Faults and sim options
  * apply to sim communicators created (ncfsm_comm_init*, split, shrink, grow
  * children) while the test is active, after they were added; comms made
- * before keep what they had. Communicators of the nccl backend are not
+ * before keep what they had. After ncfsm_test_end no fault fires any more
+ * (the options a comm got stay). Communicators of the nccl backend are not
  * affected. The calls below are thread-safe; the recorder's trace callback
  * runs on each recorded loop's thread.
  */
@@ -81,8 +82,9 @@ typedef enum ncfsm_fault_kind {
                                   async_error_at_op). AT_STATE: the at-th phase of that state ends
                                   with the error (INIT_IN_PROGRESS: the init fails, as fail_init;
                                   LAUNCH_IN_PROGRESS: the first op of that launch is hit as with
-                                  AT_OP). AT_POLL / AT_MS: set at that poll (a phase in progress
-                                  ends with it) */
+                                  AT_OP). AT_POLL / AT_MS: set at that poll (a launch or finalize
+                                  in progress ends with it at once; an init, revoke or split
+                                  at its end) */
   NCFSM_FAULT_INIT_FAIL,       /* the init ends with `code` (0: 2, ncclSystemError); trigger ignored */
   NCFSM_FAULT_INIT_HANG,       /* the init never ends (InProgress for ever: the watchdog's init
                                   timeout); trigger ignored; nonblocking comms only */
