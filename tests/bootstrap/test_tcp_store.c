@@ -495,6 +495,12 @@ static void test_rank_rules(void **state) {
   /* ... and rank 0 is gone: rank 1's allgathers fail at once, naming it */
   int r1 = raw_connect(st.port);
   assert_int_equal(NCFSM__F_OK, raw_hello_rank(r1, 1, 2, msg, sizeof msg));
+  /* told at once that rank 0 was lost before it came (a LOST frame: u32 rank, why) */
+  assert_int_equal(NCFSM__F_LOST, raw_reply(r1, &id, msg, sizeof msg, &vlen));
+  assert_int_equal(0, id);
+  assert_true(vlen > 4);
+  assert_int_equal(0, ncfsm__rd32((const uint8_t *)msg));
+  assert_non_null(strstr(msg + 4, "rank 0 ("));
   raw_gather(r1, 9, "ag/0", 1, 2);
   assert_int_equal(NCFSM__F_ERR, raw_reply(r1, &id, msg, sizeof msg, &vlen));
   assert_int_equal(9, id);
