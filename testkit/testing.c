@@ -290,19 +290,24 @@ ncfsm_result_t ncfsm_test_set_sim_opts(ncfsm_test *t, const char *comm, int rank
 
 /* ---- the recorder -------------------------------------------------------------------------- */
 
+/* Room for one more of n elements of size sz in *v (capacity *cap). */
+static int grow_array(void **v, int *cap, int n, size_t sz) {
+  if (n < *cap) return 0;
+  int ncap = *cap ? *cap * 2 : 16;
+  void *nv = realloc(*v, (size_t)ncap * sz);
+  if (!nv) return -1;
+  *v = nv;
+  *cap = ncap;
+  return 0;
+}
+
 static int comm_ident(ncfsm_test *t, const ncfsm_comm *c, int rank, int fresh) {
   if (!fresh)
     for (int i = t->ncomms - 1; i >= 0; i--)
       if (t->comms[i].live && t->comms[i].obj == c) return i;
   for (int i = 0; i < t->ncomms; i++)
     if (t->comms[i].obj == c) t->comms[i].live = 0; /* a new comm at a reused address */
-  if (t->ncomms == t->ccap) {
-    int ncap = t->ccap ? t->ccap * 2 : 16;
-    t_comm *nv = realloc(t->comms, (size_t)ncap * sizeof *nv);
-    if (!nv) return -1;
-    t->comms = nv;
-    t->ccap = ncap;
-  }
+  if (grow_array((void **)&t->comms, &t->ccap, t->ncomms, sizeof *t->comms)) return -1;
   t_comm *x = &t->comms[t->ncomms];
   memset(x, 0, sizeof *x);
   x->obj = c;
@@ -324,13 +329,7 @@ static int work_ident(ncfsm_test *t, const void *w, int ci, int fresh) {
   for (int i = 0; i < t->nworks; i++)
     if (t->works[i].obj == w) t->works[i].live = 0;
   if (ci < 0) return -1;
-  if (t->nworks == t->wcap) {
-    int ncap = t->wcap ? t->wcap * 2 : 64;
-    t_work *nv = realloc(t->works, (size_t)ncap * sizeof *nv);
-    if (!nv) return -1;
-    t->works = nv;
-    t->wcap = ncap;
-  }
+  if (grow_array((void **)&t->works, &t->wcap, t->nworks, sizeof *t->works)) return -1;
   t_work *x = &t->works[t->nworks];
   memset(x, 0, sizeof *x);
   x->obj = w;

@@ -127,6 +127,14 @@ static void world_down(world *w, ncfsm_test *t) {
   assert_int_equal(ncfsm_loop_close(w->loop), NCFSM_OK);
 }
 
+static ncfsm_fault fault_for(ncfsm_fault_kind_t kind, const char *comm, int rank) {
+  ncfsm_fault f;
+  ncfsm_fault_init(&f, kind);
+  f.comm = comm;
+  f.rank = rank;
+  return f;
+}
+
 static int add(ncfsm_test *t, ncfsm_fault *f) {
   int id = ncfsm_test_add_fault(t, f);
   if (id < 0) fail_msg("%s", ncfsm_test_last_failure(t));
@@ -140,9 +148,7 @@ static int add(ncfsm_test *t, ncfsm_fault *f) {
  * Returns the trace text (malloc'ed); *t_out: the test, still active. */
 static char *scenario(ncfsm_test *t) {
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_SLOW);
-  f.comm = "replay";
-  f.rank = 2;
+  f = fault_for(NCFSM_FAULT_SLOW, "replay", 2);
   f.polls = 2;
   f.phases = 2;
   f.at = 3;
@@ -312,9 +318,7 @@ static void test_async_error_at_op(void **state) {
   (void)state;
   ncfsm_test *t = begin("async_error_at_op", 7);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_ASYNC_ERROR);
-  f.comm = "ae";
-  f.rank = 1;
+  f = fault_for(NCFSM_FAULT_ASYNC_ERROR, "ae", 1);
   f.at = 2;
   int id = add(t, &f);
   world w;
@@ -346,17 +350,13 @@ static void test_async_error_at_state(void **state) {
   (void)state;
   ncfsm_test *t = begin("async_error_at_state", 8);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_ASYNC_ERROR);
-  f.comm = "st";
-  f.rank = 0;
+  f = fault_for(NCFSM_FAULT_ASYNC_ERROR, "st", 0);
   f.when = NCFSM_AT_STATE;
   f.state = NCFSM_STATE_LAUNCH_IN_PROGRESS;
   f.at = 2;
   f.code = 3; /* ncclInternalError */
   int id_launch = add(t, &f);
-  ncfsm_fault_init(&f, NCFSM_FAULT_ASYNC_ERROR);
-  f.comm = "fin";
-  f.rank = 1;
+  f = fault_for(NCFSM_FAULT_ASYNC_ERROR, "fin", 1);
   f.when = NCFSM_AT_STATE;
   f.state = NCFSM_STATE_FINALIZING;
   int id_fin = add(t, &f);
@@ -390,9 +390,7 @@ static void test_async_error_at_poll(void **state) {
   (void)state;
   ncfsm_test *t = begin("async_error_at_poll", 9);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_ASYNC_ERROR);
-  f.comm = "poll";
-  f.rank = 1;
+  f = fault_for(NCFSM_FAULT_ASYNC_ERROR, "poll", 1);
   f.when = NCFSM_AT_POLL;
   f.at = 40;
   int id = add(t, &f);
@@ -418,14 +416,10 @@ static void test_async_error_at_ms(void **state) {
   (void)state;
   ncfsm_test *t = begin("async_error_at_ms", 10);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_SLOW);
-  f.comm = "ms";
-  f.rank = 0;
+  f = fault_for(NCFSM_FAULT_SLOW, "ms", 0);
   f.polls = -1; /* the launch never ends */
   add(t, &f);
-  ncfsm_fault_init(&f, NCFSM_FAULT_ASYNC_ERROR);
-  f.comm = "ms";
-  f.rank = 0;
+  f = fault_for(NCFSM_FAULT_ASYNC_ERROR, "ms", 0);
   f.when = NCFSM_AT_MS;
   f.at = 30;
   int id = add(t, &f);
@@ -446,13 +440,9 @@ static void test_init_fail_and_hang(void **state) {
   (void)state;
   ncfsm_test *t = begin("init", 11);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_INIT_FAIL);
-  f.comm = "ifail";
-  f.rank = 1;
+  f = fault_for(NCFSM_FAULT_INIT_FAIL, "ifail", 1);
   int id_fail = add(t, &f);
-  ncfsm_fault_init(&f, NCFSM_FAULT_INIT_HANG);
-  f.comm = "ihang";
-  f.rank = 0;
+  f = fault_for(NCFSM_FAULT_INIT_HANG, "ihang", 0);
   f.times = 1;
   int id_hang = add(t, &f);
 
@@ -487,9 +477,7 @@ static void test_slow_rank(void **state) {
   to.poll_jitter = 0;
   ncfsm_test *t = begin_opts(&to);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_SLOW);
-  f.comm = "slow";
-  f.rank = 1;
+  f = fault_for(NCFSM_FAULT_SLOW, "slow", 1);
   f.polls = 50;
   int id = add(t, &f);
   world w;
@@ -520,10 +508,7 @@ static void test_slow_rank(void **state) {
 /* NEVER_ARRIVE and DEAD from op 1 on: the peer's collective hangs until the watchdog. */
 static void hang_case(ncfsm_fault_kind_t kind, const char *name) {
   ncfsm_test *t = begin(name, 12);
-  ncfsm_fault f;
-  ncfsm_fault_init(&f, kind);
-  f.comm = name;
-  f.rank = 1;
+  ncfsm_fault f = fault_for(kind, name, 1);
   f.at = 1;
   int id = add(t, &f);
   world w;
@@ -560,15 +545,11 @@ static void test_mismatch(void **state) {
   (void)state;
   ncfsm_test *t = begin("mismatch", 13);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_MISMATCH);
-  f.comm = "mmc";
-  f.rank = 0;
+  f = fault_for(NCFSM_FAULT_MISMATCH, "mmc", 0);
   f.at = 1;
   f.field = NCFSM_MISMATCH_COUNT;
   int id_c = add(t, &f);
-  ncfsm_fault_init(&f, NCFSM_FAULT_MISMATCH);
-  f.comm = "mmr";
-  f.rank = 0;
+  f = fault_for(NCFSM_FAULT_MISMATCH, "mmr", 0);
   f.at = 0;
   f.field = NCFSM_MISMATCH_REDOP;
   int id_r = add(t, &f);
@@ -640,9 +621,7 @@ static void test_kill_process(void **state) {
   (void)state;
   ncfsm_test *t = begin("kill", 14);
   ncfsm_fault f;
-  ncfsm_fault_init(&f, NCFSM_FAULT_KILL);
-  f.comm = "mp";
-  f.rank = 1;
+  f = fault_for(NCFSM_FAULT_KILL, "mp", 1);
   f.at = 2;
   add(t, &f);
   ncfsm_unique_id id;
