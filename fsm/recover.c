@@ -82,6 +82,10 @@ static ncfsm_comm *new_fresh(struct ncfsm__recovery *r) {
 }
 
 static void finish(struct ncfsm__recovery *r, ncfsm_result_t status) {
+  if (r->agree) {
+    ncfsm_boot_req_free(r->agree);
+    r->agree = NULL;
+  }
   ncfsm_recovery_report rep;
   memset(&rep, 0, sizeof rep);
   rep.status = status;
@@ -193,6 +197,8 @@ static void step(evutil_socket_t fd, short what, void *arg) {
         fail_recovery(r, "the survivors' bootstrap could not be opened", ncfsm_boot_last_error(r->boot));
         return;
       }
+      ncfsm_boot_req_free(r->agree); /* a bootstrap with a request out cannot be closed */
+      r->agree = NULL;
       /* Shrink where it can work: some rank left, the comm still has its NCCL communicator */
       s = ncfsm_comm_state(old);
       if (r->nexcluded > 0 && (s == NCFSM_STATE_ERROR || s == NCFSM_STATE_REVOKED)) {
@@ -256,18 +262,43 @@ void ncfsm__recover_start(ncfsm_comm *c, const char *why) {
 static void peer_lost(ncfsm_boot *b, int rank, const char *why, void *arg) {
   (void)b;
   struct ncfsm__recovery *r = arg;
-  ncfsm_comm *c = r->old;
   LOCK(r->loop);
+  ncfsm_comm *c = r->old;
   char what[400];
   snprintf(what, sizeof what, "rank %d lost (bootstrap: %s)", rank, why);
-  if (r->phase == P_ARMED && ncfsm__has(c, NCFSM_SF_WORKS | NCFSM_SF_POLL))
+  /* Only a comm in service fails: ranks that end a job close their bootstraps
+   * one after the other, and a comm that is finalizing (or done) ends anyway. */
+  ncfsm_state_t s = c ? c->state : NCFSM_STATE_CLOSED;
+  bool in_service = s == NCFSM_STATE_READY || s == NCFSM_STATE_GROUP_OPEN || s == NCFSM_STATE_LAUNCH_IN_PROGRESS ||
+                    s == NCFSM_STATE_SPLITTING;
+  if (r->phase == P_ARMED && in_service)
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_ASYNC, NCFSM__NCCL_SUCCESS, what);
+  else if (c)
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] %s: ignored in state %s", c->name, c->rank, what, ncfsm_state_name(s));
   ncfsm__loop_wake(r->loop);
   UNLOCK(r->loop);
 }
 
+static ncfsm_result_t disarm(ncfsm_comm *c) {
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  struct ncfsm__recovery *r = c->recovery;
+  if (r && r->phase != P_ARMED && r->phase != P_DONE) {
+    ncfsm__set_error(c, "ncfsm_comm_set_recovery(NULL): a recovery of this comm is running; wait for its report");
+    UNLOCK(loop);
+    return NCFSM_ERR_ILLEGAL_STATE;
+  }
+  UNLOCK(loop);
+  if (r) ncfsm_boot_on_peer_lost(r->boot, NULL, NULL);
+  LOCK(loop);
+  ncfsm__recover_detach(c);
+  UNLOCK(loop);
+  return NCFSM_OK;
+}
+
 ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *c, const ncfsm_recovery_opts *o) {
-  if (!c || c->magic != NCFSM__COMM_MAGIC || !o || !o->boot) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!c || c->magic != NCFSM__COMM_MAGIC || (o && !o->boot)) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!o) return disarm(c);
   ncfsm_loop *loop = c->loop;
   struct ncfsm__recovery *r = calloc(1, sizeof *r);
   if (!r) return NCFSM_ERR_NO_MEMORY;
@@ -334,16 +365,14 @@ void ncfsm__recover_free_all(ncfsm_loop *loop) {
   }
 }
 
-/* A comm being freed: its armed recovery goes (a started one holds it). */
+/* A comm being freed (or disarmed): it leaves its recovery, which stays in
+ * the loop's list until the loop closes (its bootstrap may still report to
+ * it: peer_lost ignores a recovery without a comm). A started recovery holds
+ * its comm, so this runs only before or after one. */
 void ncfsm__recover_detach(ncfsm_comm *c) {
   struct ncfsm__recovery *r = c->recovery;
   if (!r) return;
   c->recovery = NULL;
   r->old = NULL;
-  for (struct ncfsm__recovery **pp = &c->loop->recoveries; *pp; pp = &(*pp)->next)
-    if (*pp == r) {
-      *pp = r->next;
-      break;
-    }
-  rec_free(r);
+  r->phase = P_DONE;
 }

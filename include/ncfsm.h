@@ -404,7 +404,11 @@ typedef struct ncfsm_recovery_opts {
   ncfsm_recover_cb cb;                /* on the loop thread, once per recovery */
   void *arg;
 } ncfsm_recovery_opts;
-/* Arm c (once, while it is live); registers for the bootstrap's peer-loss reports. */
+/* Arm c (once, while it is live); registers for the bootstrap's peer-loss reports
+ * (one comm per bootstrap). A lost rank fails c only while c is in service
+ * (READY, GROUP_OPEN, LAUNCH_IN_PROGRESS, SPLITTING): ranks ending a job close
+ * their bootstraps one after the other. opts NULL disarms c (not while its
+ * recovery runs). Close the bootstrap only after releasing (or disarming) c. */
 ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *comm, const ncfsm_recovery_opts *opts);
 /* Fail c now (its works fail with NCFSM_ERR_ASYNC) and recover it. */
 ncfsm_result_t ncfsm_comm_recover(ncfsm_comm *comm);
