@@ -170,6 +170,7 @@ struct ncfsm_comm {
   bool grow_id_made;        /* ncfsm_comm_grow_id ran here: this rank passes the id to NCCL */
   struct ncfsm__recovery *recovery; /* fsm/recover.c: armed or running (NULL: none) */
   uint64_t state_since_ns; /* when it entered its current state */
+  uint64_t works_final[NCFSM_WORK_STATE_COUNT]; /* its works that reached each final state */
   uint64_t created_ns;
 };
 

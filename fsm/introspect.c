@@ -31,6 +31,7 @@ typedef struct snap_comm {
   ncfsm_result_t cause;
   int async_code;
   uint64_t works[NCFSM_WORK_STATE_COUNT]; /* unfinished works by state */
+  uint64_t finished[NCFSM_WORK_STATE_COUNT]; /* works that reached each final state */
   bool has_oldest;                        /* the unfinished work submitted first */
   ncfsm_fingerprint_t oldest_fp;
   ncfsm_work_state_t oldest_state;
@@ -113,6 +114,7 @@ static void copy_comm(const ncfsm_loop *loop, const ncfsm_comm *c, snap_comm *s,
   s->cause = c->cause;
   s->async_code = c->async_code;
   copy_works(loop, c, s);
+  memcpy(s->finished, c->works_final, sizeof s->finished);
   s->rec_capacity = ncfsm__rec_capacity(c->rec);
   s->tail = tail;
   s->ntail = tail_max ? ncfsm__rec_snapshot(c->rec, tail, tail_max, &s->rec_total) : 0;
@@ -284,6 +286,10 @@ static json_t *comm_json(const snap_comm *s, uint64_t now) {
     json_object_set_new(works, ncfsm_work_state_name((ncfsm_work_state_t)st),
                         json_integer((json_int_t)s->works[st]));
   json_object_set_new(o, "works", works);
+  json_t *fin = json_object();
+  for (int st = NCFSM_WORK_COMPLETED; st < NCFSM_WORK_STATE_COUNT; st++)
+    json_object_set_new(fin, ncfsm_work_state_name((ncfsm_work_state_t)st), json_integer((json_int_t)s->finished[st]));
+  json_object_set_new(o, "finished", fin);
   if (s->has_oldest) {
     json_t *w = fp_json(&s->oldest_fp);
     json_object_set_new(w, "state", json_string(ncfsm_work_state_name(s->oldest_state)));
@@ -523,6 +529,12 @@ static void metrics_comms(tbuf *b, const snap *s) {
     for (int st = NCFSM_WORK_QUEUED; st <= NCFSM_WORK_IN_FLIGHT; st++)
       tb_printf(b, "ncfsm_comm_works{%s,state=\"%s\"} %" PRIu64 "\n", lab[i],
                 ncfsm_work_state_name((ncfsm_work_state_t)st), s->comms[i].works[st]);
+  tb_family(b, "ncfsm_comm_works_finished_total", "counter",
+            "Works of each communicator that reached each final state.");
+  for (int i = 0; i < s->ncomms; i++)
+    for (int st = NCFSM_WORK_COMPLETED; st < NCFSM_WORK_STATE_COUNT; st++)
+      tb_printf(b, "ncfsm_comm_works_finished_total{%s,state=\"%s\"} %" PRIu64 "\n", lab[i],
+                ncfsm_work_state_name((ncfsm_work_state_t)st), s->comms[i].finished[st]);
   tb_family(b, "ncfsm_comm_oldest_work_seconds", "gauge",
             "Age (since submission) of each communicator's oldest unfinished work; 0 when none.");
   for (int i = 0; i < s->ncomms; i++)

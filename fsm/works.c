@@ -131,8 +131,11 @@ void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st) {
   }
 }
 
-static void stats_note(ncfsm__stats *s, const ncfsm_work *w, ncfsm_work_state_t st) {
-  if ((unsigned)st < NCFSM_WORK_STATE_COUNT) s->works_final[st]++;
+static void stats_note(ncfsm__stats *s, ncfsm_work *w, ncfsm_work_state_t st) {
+  if ((unsigned)st < NCFSM_WORK_STATE_COUNT) {
+    s->works_final[st]++;
+    w->comm->works_final[st]++;
+  }
   unsigned k = (unsigned)w->fp.op;
   if (k >= NCFSM_OPKIND_COUNT || w->t_complete < w->t_submit) return;
   uint64_t ns = w->t_complete - w->t_submit, us = (ns + 999) / 1000;

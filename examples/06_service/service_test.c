@@ -356,6 +356,9 @@ static const char *check_status_schema(json_t *j) {
     REQ(json_is_object(w) && json_object_size(w) == 3 && json_is_integer(json_object_get(w, "QUEUED")) &&
             json_is_integer(json_object_get(w, "LAUNCHING")) && json_is_integer(json_object_get(w, "IN_FLIGHT")),
         "comms[%zu].works", i);
+    json_t *cf = json_object_get(c, "finished");
+    REQ(json_is_object(cf) && json_object_size(cf) == 4, "comms[%zu].finished", i);
+    for (int k = 0; fin[k]; k++) REQ(json_is_integer(json_object_get(cf, fin[k])), "comms[%zu].finished.%s", i, fin[k]);
     json_t *ow = json_object_get(c, "oldest_work");
     if (!json_is_null(ow)) {
       REQ(json_is_object(ow), "comms[%zu].oldest_work", i);
@@ -597,6 +600,7 @@ static void test_error_scrape(void **state) {
   assert_has(m, "ncfsm_comm_failed{comm=\"avg\",rank=\"1\"} 1\n");
   assert_has(m, "ncfsm_comms{state=\"ERROR\"} 1\n");
   assert_has(m, "ncfsm_works_finished_total{state=\"FAILED\"} 1\n");
+  assert_has(m, "ncfsm_comm_works_finished_total{comm=\"avg\",rank=\"1\",state=\"FAILED\"} 1\n");
   check_promtool(m);
   free(m);
   resp h = get(j.port[1], "/healthz");
