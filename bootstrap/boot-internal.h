@@ -56,6 +56,10 @@ typedef struct ncfsm__boot_ops {
   /* Fill child (rank, size, base, ... set by the dispatch) with its impl
    * for the survivors of the agreement agreed of parent. */
   ncfsm_result_t (*survivors)(ncfsm_boot *parent, ncfsm_boot_req *agreed, ncfsm_boot *child);
+  /* Start the broadcast req (kind NCFSM__REQ_BCAST: seq = its broadcast number, root, len;
+   * send = the bytes on root, recv = where they go on the others). Completion as for post;
+   * cancel handles it. */
+  ncfsm_result_t (*bcast_post)(ncfsm_boot *b, ncfsm_boot_req *req);
 } ncfsm__boot_ops;
 
 struct ncfsm_boot {
@@ -81,12 +85,15 @@ struct ncfsm_boot {
   int in_lost_cb;
   ncfsm_boot_req *agree_req; /* the agreement not yet finished, if any */
   uint64_t agree_last;    /* the last epoch posted */
+  uint64_t bseq;          /* broadcasts posted so far (their own sequence) */
 };
 
 #define NCFSM__LOST 1u
 #define NCFSM__LOST_TOLD 2u /* told to the current callback */
 
-enum { NCFSM__REQ_GATHER = 0, NCFSM__REQ_AGREE = 1 };
+/* GATHER: an allgather (or barrier); AGREE: an agreement; BCAST: a broadcast; ROOTS: the
+ * broadcasts of ncfsm_boot_bcast_roots_post (its subs, each a BCAST owned by it). */
+enum { NCFSM__REQ_GATHER = 0, NCFSM__REQ_AGREE = 1, NCFSM__REQ_BCAST = 2, NCFSM__REQ_ROOTS = 3 };
 
 struct ncfsm_boot_req {
   uint32_t magic;
@@ -107,6 +114,10 @@ struct ncfsm_boot_req {
   uint8_t *alive;         /* agreement: [b->size] result */
   int nalive;
   int child_made;         /* ncfsm_boot_survivors was called with it */
+  int root;               /* broadcast */
+  struct ncfsm_boot_req **subs; /* ROOTS: [nsubs] broadcasts */
+  int nsubs, subs_done;
+  struct ncfsm_boot_req *owner; /* a ROOTS' sub: the ROOTS request */
 };
 
 extern const ncfsm__boot_ops ncfsm__boot_local_ops;

@@ -271,6 +271,18 @@ static void req_timeout_cb(evutil_socket_t fd, short what, void *arg) {
   char what_[256] = "";
   if (b->ops->describe) b->ops->describe(b, what_, sizeof what_);
   if (b->ops->cancel) b->ops->cancel(req);
+  if (req->kind == NCFSM__REQ_BCAST) {
+    ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
+                     "%s broadcast #%" PRIu64 " (%zu bytes from rank %d) not complete after %" PRIu64
+                     " ms%s%s: %s; check that all %d ranks run and make the same bootstrap calls, "
+                     "or raise NCFSM_BOOTSTRAP_TIMEOUT_MS",
+                     b->ops->name, req->seq, req->len, req->root, b->timeout_ms,
+                     what_[0] ? ", " : "", what_,
+                     req->root == b->rank ? "the channel stalled"
+                                          : "the root did not post it or the channel stalled",
+                     b->size);
+    return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
+  }
   ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
                    "%s allgather #%" PRIu64 " (%zu bytes) not complete after %" PRIu64
                    " ms%s%s: a rank did not post it or the channel stalled; check that all %d ranks "
@@ -306,11 +318,12 @@ static ncfsm_boot_req *req_new(ncfsm_boot *b, int kind) {
   }
   uint64_t ms = b->timeout_ms + (kind == NCFSM__REQ_AGREE ? b->ops->agree_grace_ms : 0);
   struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
-  evtimer_add(req->timer, &tv);
+  if (kind != NCFSM__REQ_ROOTS) evtimer_add(req->timer, &tv); /* ROOTS: its broadcasts' timers */
   return req;
 }
 
 static void req_destroy(ncfsm_boot_req *req) {
+  free(req->subs);
   event_free(req->timer);
   event_free(req->wake); /* also removes it from the active queue */
   req->magic = NCFSM__BOOT_DEAD_MAGIC;
@@ -338,6 +351,123 @@ ncfsm_result_t ncfsm_boot_allgather_post(ncfsm_boot *b, const void *send, void *
   b->live_reqs++;
   *out = req;
   return NCFSM_OK;
+}
+
+/* ---- broadcast ---------------------------------------------------------------- */
+
+static void req_release(ncfsm_boot_req *req, int counted);
+
+static ncfsm_result_t bcast_check(ncfsm_boot *b, void *buf, size_t len, int root,
+                                  ncfsm_boot_req **out) {
+  if (out) *out = NULL;
+  if (!BOOT_OK(b) || !out || (len && !buf)) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!b->ops->bcast_post) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_bcast_post: the %s bootstrap has no broadcast", b->ops->name);
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  if (root < 0 || root >= b->size) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_bcast_post: root %d is not a rank of this bootstrap (0 to %d)",
+                       root, b->size - 1);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  return b->failed;
+}
+
+/* Post one broadcast (not counted in live_reqs). */
+static ncfsm_result_t bcast_post(ncfsm_boot *b, void *buf, size_t len, int root,
+                                 ncfsm_boot_req **out) {
+  ncfsm_boot_req *req = req_new(b, NCFSM__REQ_BCAST);
+  if (!req) return NCFSM_ERR_NO_MEMORY;
+  req->seq = b->bseq;
+  req->root = root;
+  req->send = root == b->rank ? buf : NULL;
+  req->recv = root == b->rank ? NULL : buf;
+  req->len = len;
+  ncfsm_result_t r = b->ops->bcast_post(b, req);
+  if (r != NCFSM_OK) {
+    req_destroy(req);
+    return r;
+  }
+  b->bseq++;
+  *out = req;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_bcast_post(ncfsm_boot *b, void *buf, size_t len, int root,
+                                     ncfsm_boot_req **out) {
+  ncfsm_result_t r = bcast_check(b, buf, len, root, out);
+  if (r != NCFSM_OK) return r;
+  if ((r = bcast_post(b, buf, len, root, out)) == NCFSM_OK) b->live_reqs++;
+  return r;
+}
+
+int ncfsm_boot_root_of(int size, int nroots, int j) {
+  if (size < 1 || nroots < 1 || nroots > size || j < 0 || j >= nroots) return -1;
+  return (int)((int64_t)j * size / nroots);
+}
+
+/* A broadcast of a ROOTS request finished (from its wake event). */
+static void roots_sub_done(ncfsm_boot_req *sub, ncfsm_result_t st, void *arg) {
+  ncfsm_boot_req *req = arg;
+  (void)sub;
+  if (req->status != NCFSM_ERR_AGAIN) return;
+  if (st != NCFSM_OK) return ncfsm__boot_req_finish(req, st);
+  if (++req->subs_done == req->nsubs) ncfsm__boot_req_finish(req, NCFSM_OK);
+}
+
+ncfsm_result_t ncfsm_boot_bcast_roots_post(ncfsm_boot *b, void *buf, size_t len, int nroots,
+                                           ncfsm_boot_req **out) {
+  ncfsm_result_t r = bcast_check(b, buf, len, 0, out);
+  if (r != NCFSM_OK) return r;
+  if (nroots < 1 || nroots > b->size) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_bcast_roots_post: %d roots in a bootstrap of %d ranks (1 to "
+                          "the size)",
+                       nroots, b->size);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (len && (size_t)nroots > SIZE_MAX / len) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (nroots == 1) return ncfsm_boot_bcast_post(b, buf, len, 0, out);
+  ncfsm_boot_req *req = req_new(b, NCFSM__REQ_ROOTS);
+  if (!req) return NCFSM_ERR_NO_MEMORY;
+  if (!(req->subs = calloc((size_t)nroots, sizeof *req->subs))) {
+    req_destroy(req);
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  req->len = len;
+  req->seq = b->bseq;
+  for (int j = 0; j < nroots; j++) {
+    unsigned char *p = len ? (unsigned char *)buf + (size_t)j * len : NULL;
+    ncfsm_boot_req *sub = NULL;
+    r = bcast_post(b, p, len, ncfsm_boot_root_of(b->size, nroots, j), &sub);
+    if (r != NCFSM_OK) { /* the ones posted are out: the sequence is broken */
+      req->nsubs = j;
+      req_release(req, 0);
+      ncfsm__boot_fail(b, r, "ncfsm_boot_bcast_roots_post: broadcast %d of %d could not be posted "
+                             "(%s); this bootstrap is out of step with the other ranks: close it",
+                       j, nroots, ncfsm_strerror(r));
+      return r;
+    }
+    sub->owner = req;
+    req->subs[j] = sub;
+    req->nsubs = j + 1;
+    ncfsm_boot_req_on_done(sub, roots_sub_done, req);
+  }
+  b->live_reqs++;
+  *out = req;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_bcast(ncfsm_boot *b, void *buf, size_t len, int root) {
+  ncfsm_boot_req *req;
+  ncfsm_result_t r = ncfsm_boot_bcast_post(b, buf, len, root, &req);
+  if (r != NCFSM_OK) return r;
+  while ((r = ncfsm_boot_test(req)) == NCFSM_ERR_AGAIN)
+    if (event_base_loop(b->base, EVLOOP_ONCE) < 0) {
+      r = ncfsm__boot_fail(b, NCFSM_ERR_SYSTEM, "event_base_loop failed: %s", strerror(errno));
+      break;
+    }
+  ncfsm_boot_req_free(req);
+  return r;
 }
 
 /* ---- recovery ---------------------------------------------------------------- */
@@ -486,20 +616,33 @@ void ncfsm_boot_req_on_done(ncfsm_boot_req *req, ncfsm_boot_done_cb cb, void *ar
   if (req->status != NCFSM_ERR_AGAIN) event_active(req->wake, 0, 0);
 }
 
-void ncfsm_boot_req_free(ncfsm_boot_req *req) {
-  if (!req || req->magic != NCFSM__BOOT_REQ_MAGIC) return;
+/* Free req (and a ROOTS' broadcasts); counted: it is one of b->live_reqs. */
+static void req_release(ncfsm_boot_req *req, int counted) {
   ncfsm_boot *b = req->b;
+  if (req->kind == NCFSM__REQ_ROOTS)
+    for (int i = 0; i < req->nsubs; i++)
+      if (req->subs[i]) req_release(req->subs[i], 0);
   if (req->status == NCFSM_ERR_AGAIN) {
-    if (b->ops->cancel) b->ops->cancel(req);
+    if (b->ops->cancel && req->kind != NCFSM__REQ_ROOTS) b->ops->cancel(req);
     if (req->kind == NCFSM__REQ_GATHER)
       ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
                        "%s allgather #%" PRIu64 " was freed before it finished; this bootstrap is "
                        "now out of step with the other ranks: close it",
                        b->ops->name, req->seq);
+    else if (req->kind == NCFSM__REQ_BCAST)
+      ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
+                       "%s broadcast #%" PRIu64 " was freed before it finished; this bootstrap is "
+                       "now out of step with the other ranks: close it",
+                       b->ops->name, req->seq);
   }
   if (b->agree_req == req) b->agree_req = NULL;
-  b->live_reqs--;
+  if (counted) b->live_reqs--;
   req_destroy(req);
+}
+
+void ncfsm_boot_req_free(ncfsm_boot_req *req) {
+  if (!req || req->magic != NCFSM__BOOT_REQ_MAGIC || req->owner) return;
+  req_release(req, 1);
 }
 
 ncfsm_result_t ncfsm_boot_allgather(ncfsm_boot *b, const void *send, void *recv, size_t len) {

@@ -13,6 +13,7 @@ const char *ncfsm__frame_type_name(uint8_t type) {
   case NCFSM__F_GATHER: return "GATHER";
   case NCFSM__F_AGREE: return "AGREE";
   case NCFSM__F_LOST: return "LOST";
+  case NCFSM__F_BCAST: return "BCAST";
   case NCFSM__F_OK: return "OK";
   case NCFSM__F_ERR: return "ERR";
   }
@@ -61,6 +62,16 @@ static const char *check_shape(const ncfsm__frame *f) {
   case NCFSM__F_LOST:
     if (f->vlen < 4) return "LOST value shorter than u32 rank";
     return NULL;
+  case NCFSM__F_BCAST: {
+    if (f->klen == 0) return "empty key";
+    if (f->vlen < 16) return "BCAST value shorter than u32 rank, size, root, len";
+    uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
+    uint32_t root = ncfsm__rd32(f->value + 8), len = ncfsm__rd32(f->value + 12);
+    if (size == 0 || rank >= size || root >= size) return "BCAST rank or root not below size";
+    if (f->vlen != 16 + (rank == root ? (uint64_t)len : 0))
+      return "BCAST value length does not match (root: 16 + len bytes, others: 16)";
+    return NULL;
+  }
   case NCFSM__F_OK:
   case NCFSM__F_ERR: return NULL;
   }
@@ -82,7 +93,7 @@ ncfsm__parse_t ncfsm__frame_parse(const uint8_t *buf, size_t n, const ncfsm__fra
   }
   if (n > 5) {
     uint8_t t = buf[5];
-    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_LOST) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
+    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_BCAST) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
       *why = "unknown frame type";
       return NCFSM__PARSE_ERR;
     }

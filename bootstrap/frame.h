@@ -22,7 +22,10 @@
  * reason: "bad token", "throttled", "store busy", ...). Pushed by the store:
  * LOST (id 0, value = u32 job rank, then a message: that rank's connection
  * ended), to every ranked connection when it happens and to a rank that
- * connects after it.
+ * connects after it. BCAST (key = "bc/<n>", or "<group>:bc/<n>" in a survivors'
+ * group; value = u32 rank, u32 size, u32 root, u32 len, then on root the len
+ * bytes): root is answered with an empty OK once the store holds the bytes,
+ * every other rank with OK + the bytes (parked until root's arrived).
  *
  * The parser is a pure function so it can be fuzzed (tests/bootstrap/fuzz_frame.c).
  */
@@ -47,6 +50,7 @@ typedef enum ncfsm__frame_type {
   NCFSM__F_GATHER = 6,
   NCFSM__F_AGREE = 7,
   NCFSM__F_LOST = 8,
+  NCFSM__F_BCAST = 9,
   NCFSM__F_OK = 0x40,
   NCFSM__F_ERR = 0x41,
 } ncfsm__frame_type_t;

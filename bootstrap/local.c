@@ -44,6 +44,19 @@ typedef struct lreq {
   uint64_t round;
 } lreq;
 
+/* A broadcast of a group (under the group's bc_mu): made by its first poster, root's bytes
+ * copied in at root's post, freed when every other member took them. */
+typedef struct lbcast {
+  LIST_ENTRY(lbcast) link;
+  uint64_t seq;
+  int root;
+  size_t len;
+  int posted;     /* root's bytes are in data */
+  int left;       /* members other than root that have not taken them */
+  char failed[300];
+  unsigned char *data;
+} lbcast;
+
 typedef struct lmember {
   struct lgroup *g;
   ncfsm_boot *b;
@@ -57,6 +70,7 @@ typedef struct lmember {
   lnode **cursor; /* [size]: last node consumed from each member's list */
   uint64_t posted;
   TAILQ_HEAD(, lreq) pending;
+  TAILQ_HEAD(, lreq) bpending; /* broadcasts not finished */
   uint8_t *lost_seen;         /* [size] */
   ncfsm_boot_req *agreq;      /* the agreement not finished */
   int ag_refused;             /* agreq was refused at its post: ag_err says why */
@@ -74,6 +88,9 @@ typedef struct lgroup {
   uint8_t *ag_posted, *ag_result;    /* [size] */
   int ag_nresult;
   char ag_fail[400];                 /* why the last failed one failed */
+  /* broadcasts, under bc_mu */
+  pthread_mutex_t bc_mu;
+  LIST_HEAD(, lbcast) bcasts;
 } lgroup;
 
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -236,11 +253,64 @@ static void local_agree_progress(lmember *me) {
   ncfsm__boot_req_finish(req, st);
 }
 
+static lbcast *bc_find(lgroup *g, uint64_t seq) {
+  lbcast *x;
+  LIST_FOREACH(x, &g->bcasts, link) if (x->seq == seq) return x;
+  return NULL;
+}
+
+static void bc_free(lbcast *x) {
+  LIST_REMOVE(x, link);
+  free(x->data);
+  free(x);
+}
+
+/* Finish this member's broadcasts whose bytes are there (or that failed). */
+static void local_bcast_progress(lmember *me) {
+  lgroup *g = me->g;
+  lreq *lr, *next;
+  for (lr = TAILQ_FIRST(&me->bpending); lr; lr = next) {
+    next = TAILQ_NEXT(lr, link);
+    ncfsm_boot_req *req = lr->req;
+    ncfsm_result_t st = NCFSM_ERR_AGAIN;
+    char msg[400];
+    pthread_mutex_lock(&g->bc_mu);
+    lbcast *x = bc_find(g, lr->round);
+    if (req->root == me->rank && (!x || !x->failed[0])) { /* root: done at its post */
+      st = NCFSM_OK;
+    } else if (!x) {
+      snprintf(msg, sizeof msg, "local group '%.100s' broadcast #%" PRIu64 ": lost its state",
+               g->name, lr->round);
+      st = NCFSM_ERR_BOOTSTRAP;
+    } else if (x->failed[0]) {
+      snprintf(msg, sizeof msg, "%s", x->failed);
+      st = NCFSM_ERR_BOOTSTRAP;
+    } else if (x->posted) {
+      if (req->len) memcpy(req->recv, x->data, req->len);
+      st = NCFSM_OK;
+      if (--x->left == 0) bc_free(x);
+    } else if (member_closed(g, req->root)) {
+      snprintf(msg, sizeof msg, "local group '%.100s' broadcast #%" PRIu64 " failed: its root, "
+                                "rank %d, closed its bootstrap before posting it",
+               g->name, lr->round, req->root);
+      st = NCFSM_ERR_BOOTSTRAP;
+    }
+    pthread_mutex_unlock(&g->bc_mu);
+    if (st == NCFSM_ERR_AGAIN) continue;
+    TAILQ_REMOVE(&me->bpending, lr, link);
+    req->impl = NULL;
+    free(lr);
+    if (st != NCFSM_OK) ncfsm__boot_fail(me->b, st, "%s", msg);
+    ncfsm__boot_req_finish(req, st);
+  }
+}
+
 static void member_wake_cb(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   local_lost_scan(arg);
   local_progress_member(arg);
+  local_bcast_progress(arg);
   local_agree_progress(arg);
 }
 
@@ -272,6 +342,8 @@ static void group_free(lgroup *g) {
     free_list_of(m);
   }
   pthread_mutex_destroy(&g->ag_mu);
+  while (!LIST_EMPTY(&g->bcasts)) bc_free(LIST_FIRST(&g->bcasts));
+  pthread_mutex_destroy(&g->bc_mu);
   free(g->ag_posted);
   free(g->ag_result);
   free(g->members);
@@ -298,6 +370,7 @@ static ncfsm_result_t local_join(ncfsm_boot *b, const join_opts *o) {
   me->b = b;
   me->rank = o->rank;
   TAILQ_INIT(&me->pending);
+  TAILQ_INIT(&me->bpending);
   me->dummy = calloc(1, sizeof *me->dummy);
   me->cursor = calloc((size_t)o->size, sizeof *me->cursor);
   me->lost_seen = calloc((size_t)o->size, 1);
@@ -342,6 +415,8 @@ static ncfsm_result_t local_join(ncfsm_boot *b, const join_opts *o) {
       goto nomem;
     }
     pthread_mutex_init(&g->ag_mu, NULL);
+    pthread_mutex_init(&g->bc_mu, NULL);
+    LIST_INIT(&g->bcasts);
     LIST_INSERT_HEAD(&registry, g, link);
   }
   g->refs++;
@@ -388,6 +463,10 @@ static void local_close(ncfsm_boot *b) {
     TAILQ_REMOVE(&me->pending, lr, link);
     free(lr);
   }
+  while ((lr = TAILQ_FIRST(&me->bpending)) != NULL) {
+    TAILQ_REMOVE(&me->bpending, lr, link);
+    free(lr);
+  }
   me->agreq = NULL;
   /* it is lost for the others: an open agreement may now be complete */
   pthread_mutex_lock(&g->ag_mu);
@@ -431,6 +510,53 @@ static ncfsm_result_t local_post(ncfsm_boot *b, ncfsm_boot_req *req) {
   return NCFSM_OK;
 }
 
+/* A broadcast: the first poster makes the group's record; root copies its bytes in and wakes
+ * the others; every member finishes from its own wake (local_bcast_progress). */
+static ncfsm_result_t local_bcast_post(ncfsm_boot *b, ncfsm_boot_req *req) {
+  lmember *me = b->impl;
+  lgroup *g = me->g;
+  lreq *lr = calloc(1, sizeof *lr);
+  if (!lr) return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "local broadcast: out of memory");
+  pthread_mutex_lock(&g->bc_mu);
+  lbcast *x = bc_find(g, req->seq);
+  if (!x) {
+    x = calloc(1, sizeof *x);
+    if (x && req->len && !(x->data = malloc(req->len))) {
+      free(x);
+      x = NULL;
+    }
+    if (!x) {
+      pthread_mutex_unlock(&g->bc_mu);
+      free(lr);
+      return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "local broadcast: out of memory");
+    }
+    x->seq = req->seq;
+    x->root = req->root;
+    x->len = req->len;
+    x->left = g->size - 1;
+    LIST_INSERT_HEAD(&g->bcasts, x, link);
+  }
+  if (!x->failed[0] && (x->root != req->root || x->len != req->len))
+    snprintf(x->failed, sizeof x->failed,
+             "local group '%.100s' broadcast #%" PRIu64 " failed: rank %d posted it with root %d "
+             "and %zu bytes, the ranks before it with root %d and %zu bytes; every rank must make "
+             "the same broadcasts in the same order",
+             g->name, req->seq, me->rank, req->root, req->len, x->root, x->len);
+  else if (!x->failed[0] && req->root == me->rank) {
+    if (req->len) memcpy(x->data, req->send, req->len);
+    x->posted = 1;
+    if (x->left == 0) bc_free(x); /* a group of one */
+  }
+  pthread_mutex_unlock(&g->bc_mu);
+  lr->req = req;
+  lr->round = req->seq;
+  req->impl = lr;
+  TAILQ_INSERT_TAIL(&me->bpending, lr, link);
+  if (req->root == me->rank) wake_others(me);
+  event_active(me->wake, 0, 0); /* finished from the wake, never inside post */
+  return NCFSM_OK;
+}
+
 static void local_cancel(ncfsm_boot_req *req) {
   lmember *me = req->b->impl;
   if (req->kind == NCFSM__REQ_AGREE) { /* the post stays: this rank counts as having posted */
@@ -439,6 +565,12 @@ static void local_cancel(ncfsm_boot_req *req) {
   }
   lreq *lr = req->impl;
   if (!me || !lr) return;
+  if (req->kind == NCFSM__REQ_BCAST) {
+    TAILQ_REMOVE(&me->bpending, lr, link);
+    free(lr);
+    req->impl = NULL;
+    return;
+  }
   TAILQ_REMOVE(&me->pending, lr, link);
   free(lr);
   req->impl = NULL;
@@ -547,4 +679,5 @@ const ncfsm__boot_ops ncfsm__boot_local_ops = {
     .agree_expire = local_agree_expire,
     .agree_grace_ms = 0,
     .survivors = local_survivors,
+    .bcast_post = local_bcast_post,
 };

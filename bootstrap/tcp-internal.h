@@ -62,6 +62,7 @@ typedef struct ncfsm__store_stats {
   uint64_t bytes, peak_bytes;       /* held under max_bytes */
   uint64_t inflight, peak_inflight; /* held under max_inflight */
   uint64_t out_queued, peak_out;    /* queued replies (referenced bytes included) */
+  uint64_t bcasts_done;      /* BCASTs served to every member (failed ones: gathers_failed) */
 } ncfsm__store_stats;
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o);

@@ -3,7 +3,9 @@
  * on the rank's event_base; rank 0 may host the store in the same base.
  * allgather #n is one GATHER frame (key "ag/<n>"): the store answers every
  * rank with the rank-major concatenation once all have contributed, so a
- * collective costs each rank one request and one reply.
+ * collective costs each rank one request and one reply. broadcast #n is one
+ * BCAST frame (key "bc/<n>"): root's carries the bytes, the others' are
+ * answered with them.
  *
  * Recovery: the store pushes LOST frames (a rank's connection ended), which
  * are reported to this bootstrap and to its survivors' bootstraps; an
@@ -206,6 +208,22 @@ static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
   req->impl = NULL;
   if (req->kind == NCFSM__REQ_AGREE) return on_agree_reply(t, req, f);
   b = req->b; /* the job's bootstrap or a survivors' one */
+  if (req->kind == NCFSM__REQ_BCAST) {
+    if (f->type == NCFSM__F_ERR) {
+      ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP, "store %s refused broadcast #%" PRIu64 ": %.*s",
+                       t->addr, req->seq, (int)f->vlen, (const char *)f->value);
+      return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
+    }
+    size_t want = req->root == b->rank ? 0 : req->len;
+    if (f->vlen != want) {
+      ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
+                       "store %s answered broadcast #%" PRIu64 " with %u bytes, expected %zu",
+                       t->addr, req->seq, f->vlen, want);
+      return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
+    }
+    if (want) memcpy(req->recv, f->value, want);
+    return ncfsm__boot_req_finish(req, NCFSM_OK);
+  }
   if (f->type == NCFSM__F_ERR) {
     ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP, "store %s refused allgather #%" PRIu64 ": %.*s",
                      t->addr, req->seq, (int)f->vlen, (const char *)f->value);
@@ -480,6 +498,38 @@ static ncfsm_result_t tcp_post(ncfsm_boot *b, ncfsm_boot_req *req) {
   return NCFSM_OK;
 }
 
+/* broadcast #n is one BCAST frame (key "bc/<n>", in a survivors' view "<group>:bc/<n>"):
+ * value u32 rank, u32 size, u32 root, u32 len, and on root the len bytes. The store answers
+ * root with an empty OK once it holds the bytes, every other rank with OK + the bytes. */
+static ncfsm_result_t tcp_bcast_post(ncfsm_boot *b, ncfsm_boot_req *req) {
+  tcp_view *view = b->impl;
+  tcp_impl *t = view->t;
+  if (t->dead) return b->failed ? b->failed : NCFSM_ERR_BOOTSTRAP;
+  if (req->len > UINT32_MAX - 16) {
+    ncfsm__boot_seterr(b, "tcp broadcast of %zu bytes is too large for one frame", req->len);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  tcp_op *op = op_new(t, req);
+  if (!op) return NCFSM_ERR_NO_MEMORY;
+  char key[NCFSM__FRAME_KEY_MAX + 32];
+  int kl = view->ranks ? snprintf(key, sizeof key, "%s:bc/%" PRIu64, view->path, req->seq)
+                       : snprintf(key, sizeof key, "bc/%" PRIu64, req->seq);
+  uint8_t v[16];
+  ncfsm__wr32(v, (uint32_t)b->rank); /* a survivors' view: its index in the group */
+  ncfsm__wr32(v + 4, (uint32_t)b->size);
+  ncfsm__wr32(v + 8, (uint32_t)req->root);
+  ncfsm__wr32(v + 12, (uint32_t)req->len);
+  int root = req->root == b->rank;
+  if (tcp_send(t, NCFSM__F_BCAST, op->id, key, (size_t)kl, v, sizeof v, root ? req->send : NULL,
+               root ? req->len : 0)) {
+    free(op);
+    return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "tcp broadcast: out of memory");
+  }
+  TAILQ_INSERT_TAIL(&t->ops, op, link);
+  req->impl = op;
+  return NCFSM_OK;
+}
+
 static void tcp_cancel(ncfsm_boot_req *req) {
   tcp_view *v = req->b->impl;
   tcp_impl *t = v ? v->t : NULL;
@@ -600,4 +650,5 @@ const ncfsm__boot_ops ncfsm__boot_tcp_ops = {
     .agree_expire = tcp_agree_expire,
     .agree_grace_ms = 2000,
     .survivors = tcp_survivors,
+    .bcast_post = tcp_bcast_post,
 };

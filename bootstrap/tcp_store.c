@@ -109,6 +109,9 @@ struct entry {
   uint8_t *g_have;
   char *failed;     /* a failed GATHER: every later contribution gets this */
   struct group *grp; /* a survivors' group's GATHER (g_have by index in it); NULL: the job's */
+  int bcast;         /* a BCAST (gather is set too): g_buf = root's bytes once posted, g_have[i]
+                        1 posted, 2 gone before posting; done when all size are counted */
+  uint32_t b_root;
   LIST_ENTRY(entry) g_link; /* in s->gathers while the gather is open */
   LIST_HEAD(, waiter) waiters;
 };
@@ -768,6 +771,14 @@ static void push_lost(ncfsm__store *s, uint32_t rank, const char *why) {
 
 static const char *handle_agree(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);
 
+/* A broadcast that root posted and every member posted or is gone: nothing more to send. */
+static void bcast_maybe_done(ncfsm__store *s, struct entry *e) {
+  if (!e->bcast || e->failed || !e->g_buf || e->g_count < e->g_size || !LIST_EMPTY(&e->waiters))
+    return;
+  s->st.bcasts_done++;
+  entry_delete(s, e);
+}
+
 /* A ranked connection ended (closed, died, or closed by the store): every
  * open gather it had not contributed to fails for the others at once. */
 static void rank_release(struct sconn *c, const char *reason) {
@@ -790,11 +801,23 @@ static void rank_release(struct sconn *c, const char *reason) {
   push_lost(s, c->rank, why);
   for (struct entry *e = LIST_FIRST(&s->gathers), *next; e; e = next) {
     next = LIST_NEXT(e, g_link);
-    if (e->grp) {
-      int64_t i = group_index(e->grp, c->rank);
-      if (i < 0 || e->g_have[i]) continue;
-    } else if (e->g_have[c->rank]) continue;
+    int64_t i = e->grp ? group_index(e->grp, c->rank) : (int64_t)c->rank;
+    if (i < 0 || e->g_have[i]) continue;
     char k[48], msg[600];
+    if (e->bcast && (uint32_t)i != e->b_root) { /* a receiver gone: the others still get it */
+      e->g_have[i] = 2;
+      e->g_count++;
+      bcast_maybe_done(s, e);
+      continue;
+    }
+    if (e->bcast) {
+      snprintf(msg, sizeof msg,
+               "broadcast %s failed: its root, rank %u (%s), disconnected before posting it (%s); "
+               "see rank %u's log",
+               key_str(e, k, sizeof k), c->rank, c->peer, reason, c->rank);
+      gather_fail(s, e, msg);
+      continue;
+    }
     snprintf(msg, sizeof msg,
              "allgather %s failed: rank %u (%s) disconnected before contributing (%s); see rank "
              "%u's log",
@@ -1185,6 +1208,7 @@ static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *b
   char k[48];
   struct entry *e = table_get(s, f->key, f->klen, 0);
   if (e && e->failed) return reply_err(c, f->id, e->failed), NULL;
+  if (e && e->bcast) return reply_err(c, f->id, "key is in use by a BCAST"), NULL;
   if ((!e || !e->gather) && grp) {
     if (s->conflict) return reply_err(c, f->id, s->conflict), NULL;
     if (grp->gone) {
@@ -1264,6 +1288,127 @@ static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *b
     waiter_free(s, w);
   }
   entry_delete(s, e);
+  return NULL;
+}
+
+/* BCAST: key = "bc/<n>" or "<group>:bc/<n>"; value = u32 rank, u32 size, u32 root, u32 len,
+ * then on root the len bytes. Root's bytes are one blob that every reply references (values
+ * of COPY_MAX bytes or less are copied: a reference costs a chain of its own); a receiver that
+ * posts before root is parked. The entry goes once root posted and every member posted or is
+ * gone; root gone before posting fails it for every member, by name. */
+static const char *handle_bcast(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
+  ncfsm__store *s = c->s;
+  uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
+  uint32_t root = ncfsm__rd32(f->value + 8), len = ncfsm__rd32(f->value + 12);
+  char k[48], msg[600];
+  if (!c->ranked)
+    return reply_err(c, f->id, "BCAST needs a ranked connection: HELLO with this rank and the "
+                               "job size (size > 0)"),
+           NULL;
+  struct group *grp = NULL;
+  if (f->key[0] == '@') { /* a survivors' group's: "<group>:bc/<n>", rank = index in the group */
+    const uint8_t *colon = memchr(f->key, ':', f->klen);
+    grp = colon ? group_find(s, f->key, (uint32_t)(colon - f->key)) : NULL;
+    if (!grp || !grp->ranks) {
+      snprintf(buf, n, "BCAST %.*s: no survivors' group %.*s (no agreement made it)",
+               (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
+               (int)(colon ? colon - f->key : 0), (const char *)f->key);
+      return reply_err(c, f->id, buf), NULL;
+    }
+    int64_t idx = group_index(grp, c->rank);
+    if (idx < 0 || (uint32_t)idx != rank) {
+      snprintf(buf, n, "BCAST in group %s as index %u by job rank %u, whose index there is %lld",
+               grp->path, rank, c->rank, (long long)idx);
+      return buf;
+    }
+  } else if (rank != c->rank) {
+    snprintf(buf, n, "BCAST as rank %u on the connection of rank %u", rank, c->rank);
+    return buf;
+  }
+  struct entry *e = table_get(s, f->key, f->klen, 0);
+  if (e && e->failed) return reply_err(c, f->id, e->failed), NULL;
+  if (e && e->gather && !e->bcast) return reply_err(c, f->id, "key is in use by a GATHER"), NULL;
+  if (!e || !e->gather) {
+    if (s->conflict) return reply_err(c, f->id, s->conflict), NULL;
+    uint32_t members = grp ? grp->n : s->job_size;
+    if (size != members) {
+      snprintf(buf, n, "BCAST of size %u in %s of %u ranks", size, grp ? grp->path : "a job",
+               members);
+      return reply_err(c, f->id, buf), NULL;
+    }
+    const struct rankslot *rs = &s->ranks[grp ? grp->ranks[root] : root];
+    if (rs->state == RS_GONE) {
+      snprintf(msg, sizeof msg, "broadcast %.*s cannot complete: its root is gone: %s",
+               (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
+               rs->why ? rs->why : "it disconnected");
+      return reply_err(c, f->id, msg), NULL;
+    }
+    if (!e) e = table_get(s, f->key, f->klen, 1);
+    if (!e) return reply_err(c, f->id, "store full (NCFSM store max bytes)"), NULL;
+    if (e->val || !LIST_EMPTY(&e->waiters))
+      return reply_err(c, f->id, "key is in use by SET/GET"), NULL;
+    int charged = charge(s, size) == 0;
+    if (!charged || !(e->g_have = calloc(size, 1))) {
+      if (charged) uncharge(s, size);
+      reply_err(c, f->id, "store full (NCFSM store max bytes)");
+      entry_maybe_drop(s, e);
+      return NULL;
+    }
+    e->gather = 1;
+    e->bcast = 1;
+    e->grp = grp;
+    e->g_size = size;
+    e->g_len = len;
+    e->b_root = root;
+    LIST_INSERT_HEAD(&s->gathers, e, g_link);
+    for (uint32_t i = 0; i < size; i++) /* members gone already count as served */
+      if (s->ranks[grp ? grp->ranks[i] : i].state == RS_GONE) {
+        e->g_have[i] = 2;
+        e->g_count++;
+      }
+  }
+  if (e->g_size != size || e->g_len != len || e->b_root != root) {
+    snprintf(msg, sizeof msg, "broadcast %s failed: rank %u posted it with root %u and %u bytes, "
+                              "the ranks before it with root %u and %u bytes; every rank must make "
+                              "the same broadcasts in the same order",
+             key_str(e, k, sizeof k), rank, root, len, e->b_root, e->g_len);
+    gather_fail(s, e, msg);
+    return reply_err(c, f->id, msg), NULL;
+  }
+  if (e->g_have[rank]) return reply_err(c, f->id, "BCAST: this rank already posted it"), NULL;
+  if (rank == root) {
+    struct blob *v = blob_new(s, len);
+    if (!v) {
+      snprintf(msg, sizeof msg, "broadcast %s failed: store full (%u bytes from root %u; raise "
+                                "--max-bytes)",
+               key_str(e, k, sizeof k), len, root);
+      gather_fail(s, e, msg);
+      return reply_err(c, f->id, msg), NULL;
+    }
+    memcpy(v->data, f->value + 16, len);
+    e->g_buf = v;
+    e->g_have[rank] = 1;
+    e->g_count++;
+    reply(c, NCFSM__F_OK, f->id, NULL, 0);
+    struct waiter *w;
+    while ((w = LIST_FIRST(&e->waiters)) != NULL) {
+      reply_blob(w->c, w->id, v);
+      waiter_free(s, w);
+    }
+  } else if (e->g_buf) {
+    reply_blob(c, f->id, e->g_buf);
+    e->g_have[rank] = 1;
+    e->g_count++;
+  } else {
+    const char *why = park(c, e, NCFSM__F_BCAST, f->id);
+    if (why) {
+      if (!strcmp(why, "parked")) return parked_why(c, buf, n);
+      return reply_err(c, f->id, why), NULL;
+    }
+    e->g_have[rank] = 1;
+    e->g_count++;
+  }
+  bcast_maybe_done(s, e);
   return NULL;
 }
 
@@ -1361,6 +1506,7 @@ static const char *handle(struct sconn *c, const ncfsm__frame *f, char *buf, siz
   case NCFSM__F_ADD: handle_add(c, f); return NULL;
   case NCFSM__F_GATHER: return handle_gather(c, f, buf, n);
   case NCFSM__F_AGREE: return handle_agree(c, f, buf, n);
+  case NCFSM__F_BCAST: return handle_bcast(c, f, buf, n);
   default: return "reply frame (OK/ERR) sent to the server";
   }
 }

@@ -207,7 +207,8 @@ int main(int argc, char **argv) {
           "ncfsm-store: stopping: %llu connections, %llu authenticated, %llu bad token, %llu bad "
           "frames, %llu frames; %llu refused busy, %llu throttled, %llu slow frames, %llu unread "
           "replies, %llu over the input budget, %llu over max parked, %llu ranks gone, %llu rank "
-          "conflicts, %llu rejoins refused, %llu allgathers failed, %llu agreements done, %llu "
+          "conflicts, %llu rejoins refused, %llu allgathers/broadcasts failed, %llu broadcasts done, "
+          "%llu agreements done, %llu "
           "agreements failed, %llu LOST frames sent, %d survivors' groups; peak %llu bytes held, "
           "%llu inflight, %llu queued out\n",
           (unsigned long long)st.accepted, (unsigned long long)st.authenticated,
@@ -217,7 +218,8 @@ int main(int argc, char **argv) {
           (unsigned long long)st.closed_unread, (unsigned long long)st.closed_budget,
           (unsigned long long)st.closed_parked, (unsigned long long)st.ranks_gone,
           (unsigned long long)st.rank_conflicts, (unsigned long long)st.rejoin_refused,
-          (unsigned long long)st.gathers_failed, (unsigned long long)st.agreements_done,
+          (unsigned long long)st.gathers_failed, (unsigned long long)st.bcasts_done,
+          (unsigned long long)st.agreements_done,
           (unsigned long long)st.agreements_failed, (unsigned long long)st.lost_pushed, st.groups,
           (unsigned long long)st.peak_bytes,
           (unsigned long long)st.peak_inflight, (unsigned long long)st.peak_out);

@@ -160,6 +160,39 @@ ncfsm_result_t ncfsm_boot_agree_result(ncfsm_boot_req *req, uint8_t *alive, int 
  * standalone ncfsm-store or rank 0 surviving. */
 ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm_boot **out);
 
+/* ---- Broadcast (issue 14) ----------------------------------------------------------------
+ * Broadcast len bytes from root to every rank: on root, buf holds the bytes (read during the
+ * post: root may reuse buf once the post returned); on the other ranks, buf receives them when
+ * the request completes with NCFSM_OK. Every rank posts it with the same len and root.
+ * Broadcasts have their own sequence on a bootstrap: broadcast #n is the n-th broadcast posted
+ * on it, whatever allgathers were posted between (every rank makes the same broadcasts in the
+ * same order, and the same allgathers in the same order; how the two interleave may differ
+ * between ranks). Cost per rank: one request and one reply of len bytes, so the bytes moved
+ * grow as n x len, not n x n x len as with an allgather.
+ * Completion: on root as soon as the bytes are handed over (tcp: the store holds them; local:
+ * the group; pmix: committed and fenced), on the others when the bytes arrived; a rank does not
+ * wait for the other receivers. A root lost before it posted fails the broadcast by name on
+ * tcp and local (pmix: the launcher ends the job).
+ * Errors and timeouts as for allgathers (and sticky in the same way: a timed-out or freed
+ * unfinished broadcast makes the bootstrap fail for good). root not in [0, size), or len too
+ * large for the implementation: NCFSM_ERR_INVALID_ARGUMENT. */
+ncfsm_result_t ncfsm_boot_bcast_post(ncfsm_boot *b, void *buf, size_t len, int root,
+                                     ncfsm_boot_req **req);
+/* Convenience: post, then run base until done or the timeout. */
+ncfsm_result_t ncfsm_boot_bcast(ncfsm_boot *b, void *buf, size_t len, int root);
+
+/* Several roots (the ids of a scalable NCCL init): root j of nroots is rank
+ * ncfsm_boot_root_of(size, nroots, j) = floor(j * size / nroots), spread evenly over the ranks
+ * with root 0 = rank 0. -1 when nroots is not in [1, size] or j not in [0, nroots). */
+int ncfsm_boot_root_of(int size, int nroots, int j);
+/* nroots broadcasts in one request: buf holds nroots * len bytes; root j contributes
+ * buf[j*len, (j+1)*len) and every rank receives all of them. Broadcasts #k..#k+nroots-1 of this
+ * bootstrap (one per root, in root order). Completes when all of them did; the first error
+ * fails it. nroots 1 is ncfsm_boot_bcast_post(b, buf, len, 0, req). nroots not in [1, size]:
+ * NCFSM_ERR_INVALID_ARGUMENT. */
+ncfsm_result_t ncfsm_boot_bcast_roots_post(ncfsm_boot *b, void *buf, size_t len, int nroots,
+                                           ncfsm_boot_req **req);
+
 #ifdef __cplusplus
 }
 #endif
