@@ -60,6 +60,10 @@ typedef struct ncfsm__boot_ops {
    * send = the bytes on root, recv = where they go on the others). Completion as for post;
    * cancel handles it. */
   ncfsm_result_t (*bcast_post)(ncfsm_boot *b, ncfsm_boot_req *req);
+  /* Optional: the broadcasts of ncfsm_boot_bcast_roots_post as one request (kind
+   * NCFSM__REQ_ROOTS, seq = the first of its nsubs broadcast numbers, recv = buf, len, subs
+   * NULL); NULL: one BCAST request per root. */
+  ncfsm_result_t (*roots_post)(ncfsm_boot *b, ncfsm_boot_req *req);
 } ncfsm__boot_ops;
 
 struct ncfsm_boot {

@@ -271,6 +271,16 @@ static void req_timeout_cb(evutil_socket_t fd, short what, void *arg) {
   char what_[256] = "";
   if (b->ops->describe) b->ops->describe(b, what_, sizeof what_);
   if (b->ops->cancel) b->ops->cancel(req);
+  if (req->kind == NCFSM__REQ_ROOTS) {
+    ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
+                     "%s broadcasts #%" PRIu64 "-#%" PRIu64 " (%zu bytes from each of %d roots) not "
+                     "complete after %" PRIu64 " ms%s%s: a rank did not post them or the channel "
+                     "stalled; check that all %d ranks run and make the same bootstrap calls, or "
+                     "raise NCFSM_BOOTSTRAP_TIMEOUT_MS",
+                     b->ops->name, req->seq, req->seq + (uint64_t)req->nsubs - 1, req->len,
+                     req->nsubs, b->timeout_ms, what_[0] ? ", " : "", what_, b->size);
+    return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
+  }
   if (req->kind == NCFSM__REQ_BCAST) {
     ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
                      "%s broadcast #%" PRIu64 " (%zu bytes from rank %d) not complete after %" PRIu64
@@ -429,6 +439,22 @@ ncfsm_result_t ncfsm_boot_bcast_roots_post(ncfsm_boot *b, void *buf, size_t len,
   if (nroots == 1) return ncfsm_boot_bcast_post(b, buf, len, 0, out);
   ncfsm_boot_req *req = req_new(b, NCFSM__REQ_ROOTS);
   if (!req) return NCFSM_ERR_NO_MEMORY;
+  if (b->ops->roots_post) { /* the implementation does them as one */
+    req->seq = b->bseq;
+    req->recv = buf;
+    req->len = len;
+    req->nsubs = nroots;
+    if ((r = b->ops->roots_post(b, req)) != NCFSM_OK) {
+      req_destroy(req);
+      return r;
+    }
+    struct timeval tv = {(time_t)(b->timeout_ms / 1000), (suseconds_t)((b->timeout_ms % 1000) * 1000)};
+    evtimer_add(req->timer, &tv);
+    b->bseq += (uint64_t)nroots;
+    b->live_reqs++;
+    *out = req;
+    return NCFSM_OK;
+  }
   if (!(req->subs = calloc((size_t)nroots, sizeof *req->subs))) {
     req_destroy(req);
     return NCFSM_ERR_NO_MEMORY;
@@ -619,17 +645,17 @@ void ncfsm_boot_req_on_done(ncfsm_boot_req *req, ncfsm_boot_done_cb cb, void *ar
 /* Free req (and a ROOTS' broadcasts); counted: it is one of b->live_reqs. */
 static void req_release(ncfsm_boot_req *req, int counted) {
   ncfsm_boot *b = req->b;
-  if (req->kind == NCFSM__REQ_ROOTS)
+  if (req->kind == NCFSM__REQ_ROOTS && req->subs)
     for (int i = 0; i < req->nsubs; i++)
       if (req->subs[i]) req_release(req->subs[i], 0);
   if (req->status == NCFSM_ERR_AGAIN) {
-    if (b->ops->cancel && req->kind != NCFSM__REQ_ROOTS) b->ops->cancel(req);
+    if (b->ops->cancel && (req->kind != NCFSM__REQ_ROOTS || !req->subs)) b->ops->cancel(req);
     if (req->kind == NCFSM__REQ_GATHER)
       ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
                        "%s allgather #%" PRIu64 " was freed before it finished; this bootstrap is "
                        "now out of step with the other ranks: close it",
                        b->ops->name, req->seq);
-    else if (req->kind == NCFSM__REQ_BCAST)
+    else if (req->kind == NCFSM__REQ_BCAST || (req->kind == NCFSM__REQ_ROOTS && !req->subs))
       ncfsm__boot_fail(b, NCFSM_ERR_BOOTSTRAP,
                        "%s broadcast #%" PRIu64 " was freed before it finished; this bootstrap is "
                        "now out of step with the other ranks: close it",

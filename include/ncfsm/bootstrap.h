@@ -164,15 +164,17 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
  * Broadcast len bytes from root to every rank: on root, buf holds the bytes (read during the
  * post: root may reuse buf once the post returned); on the other ranks, buf receives them when
  * the request completes with NCFSM_OK. Every rank posts it with the same len and root.
- * Broadcasts have their own sequence on a bootstrap: broadcast #n is the n-th broadcast posted
- * on it, whatever allgathers were posted between (every rank makes the same broadcasts in the
- * same order, and the same allgathers in the same order; how the two interleave may differ
- * between ranks). Cost per rank: one request and one reply of len bytes, so the bytes moved
- * grow as n x len, not n x n x len as with an allgather.
+ * Ordering: broadcasts are ordered with allgathers and barriers: every rank posts a
+ * bootstrap's collectives, broadcasts included, in the same order. (Broadcast #n is the n-th
+ * broadcast on the bootstrap; tcp and local number and match them apart from allgathers and so
+ * tolerate a different interleaving of the two, pmix does not: both are fences of the
+ * launcher.) Cost per rank: one request and one reply of len bytes, so the bytes moved grow as
+ * n x len, not n x n x len as with an allgather.
  * Completion: on root as soon as the bytes are handed over (tcp: the store holds them; local:
- * the group; pmix: committed and fenced), on the others when the bytes arrived; a rank does not
- * wait for the other receivers. A root lost before it posted fails the broadcast by name on
- * tcp and local (pmix: the launcher ends the job).
+ * the group holds them; pmix: committed and fenced), on the others when the bytes arrived; tcp
+ * and local do not wait for the other receivers (pmix: its fence waits for every rank). A root
+ * lost before it posted fails the broadcast by name on tcp and local (pmix: the launcher ends
+ * the job).
  * Errors and timeouts as for allgathers (and sticky in the same way: a timed-out or freed
  * unfinished broadcast makes the bootstrap fail for good). root not in [0, size), or len too
  * large for the implementation: NCFSM_ERR_INVALID_ARGUMENT. */

@@ -130,6 +130,92 @@ static void test_same_thread(void **state) {
   event_base_free(base);
 }
 
+/* Broadcasts among 4 members on one thread and among 3 threads; a root that closes before
+ * posting fails the receivers by name; a group of one. */
+typedef struct bc_thr {
+  int rank, ok;
+} bc_thr;
+
+static void *bc_thread(void *p) {
+  bc_thr *t = p;
+  struct event_base *base = bt_base();
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  o.kind = NCFSM_BOOT_LOCAL;
+  o.local_group = "bcast-threads";
+  o.rank = t->rank;
+  o.size = 3;
+  o.timeout_ms = 20000;
+  ncfsm_boot *b;
+  if (ncfsm_boot_open(base, &o, &b) != NCFSM_OK) return NULL;
+  int v = t->rank == 1 ? 77 : 0;
+  for (int k = 0; k < 50; k++) { /* root 1, many rounds: nodes are freed as they are taken */
+    v = t->rank == 1 ? 77 + k : 0;
+    if (ncfsm_boot_bcast(b, &v, sizeof v, 1) != NCFSM_OK || v != 77 + k) goto out;
+  }
+  t->ok = 1;
+out:
+  { /* all done before anyone closes */
+    int x = 0, all[3];
+    if (ncfsm_boot_allgather(b, &x, all, sizeof x) != NCFSM_OK) t->ok = 0;
+  }
+  ncfsm_boot_close(b);
+  event_base_free(base);
+  return NULL;
+}
+
+static void test_bcast(void **state) {
+  (void)state;
+  struct event_base *base = bt_base();
+  enum { N = 4 };
+  ncfsm_boot *b[N];
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  o.kind = NCFSM_BOOT_LOCAL;
+  o.local_group = "bcast";
+  o.size = N;
+  o.timeout_ms = 20000;
+  for (int r = 0; r < N; r++) {
+    o.rank = r;
+    assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &b[r]));
+  }
+  bt_bcast_suite(base, b, N, 1);
+  /* root 3 closes before posting: 0, 1, 2 fail naming it */
+  int v[N] = {0};
+  ncfsm_boot_req *q[N];
+  for (int r = 0; r < 3; r++) assert_int_equal(NCFSM_OK, ncfsm_boot_bcast_post(b[r], &v[r], sizeof(int), 3, &q[r]));
+  bt_spin(base, 0.05);
+  assert_int_equal(NCFSM_ERR_AGAIN, ncfsm_boot_test(q[0]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b[3]));
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(NCFSM_ERR_BOOTSTRAP, bt_wait(base, q[r], 5));
+    assert_non_null(strstr(ncfsm_boot_last_error(b[r]), "its root, rank 3, closed its bootstrap"));
+    ncfsm_boot_req_free(q[r]);
+    assert_int_equal(NCFSM_OK, ncfsm_boot_close(b[r]));
+  }
+  /* a group of one */
+  o.local_group = "bcast-one";
+  o.rank = 0;
+  o.size = 1;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &b[0]));
+  int one = 5;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_bcast(b[0], &one, sizeof one, 0));
+  assert_int_equal(5, one);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(b[0]));
+  event_base_free(base);
+  /* three threads */
+  pthread_t th[3];
+  bc_thr t[3];
+  for (int r = 0; r < 3; r++) {
+    t[r] = (bc_thr){.rank = r};
+    assert_int_equal(0, pthread_create(&th[r], NULL, bc_thread, &t[r]));
+  }
+  for (int r = 0; r < 3; r++) {
+    pthread_join(th[r], NULL);
+    assert_true(t[r].ok);
+  }
+}
+
 static void test_join_errors_and_timeout(void **state) {
   (void)state;
   struct event_base *base = bt_base();
@@ -589,6 +675,7 @@ static void test_rec_api_rules(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       BT_TEST(test_four_threads),
+      BT_TEST(test_bcast),
       BT_TEST(test_same_thread),
       BT_TEST(test_join_errors_and_timeout),
       BT_TEST(test_auto_picks_local),

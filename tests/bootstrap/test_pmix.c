@@ -1,7 +1,7 @@
 /*
  * pmix bootstrap.
  *   test_pmix mpirun     under `mpirun --oversubscribe -np 4`: rank, size,
- *                        local rank/size and allgather contents
+ *                        local rank/size, allgather and broadcast contents
  *   test_pmix noserver   without a launcher: NCFSM_BOOTSTRAP=pmix fails with
  *                        NCFSM_ERR_BOOTSTRAP and says how to launch
  */
@@ -49,6 +49,12 @@ static void test_under_mpirun(void **state) {
     assert_int_equal(i * 10, o1[i]);
     assert_int_equal(i * 10 + 1, o2[i]);
   }
+  /* broadcasts: sizes and roots, with an allgather outstanding (same order), several roots */
+  bt_bcast_suite(base, &b, 1, 0);
+  /* root_of spreads the roots evenly, root 0 = rank 0 */
+  assert_int_equal(0, ncfsm_boot_root_of(size, 2, 0));
+  assert_int_equal(2, ncfsm_boot_root_of(size, 2, 1));
+  assert_int_equal(-1, ncfsm_boot_root_of(size, 5, 0));
   /* recovery from dead ranks: not with pmix (mpirun ends the job), said so */
   ncfsm_boot_req *ar = (ncfsm_boot_req *)1;
   ncfsm_boot *sv = (ncfsm_boot *)1;

@@ -122,6 +122,113 @@ static void test_many_clients_one_thread(void **state) {
   event_base_free(base);
 }
 
+/* ---- broadcast (issue 14) --------------------------------------------------- */
+
+/* The suite among 8 clients of a store thread; every broadcast is dropped by the store once
+ * served; one 256 KiB value sent to 63 receivers is held once, not per receiver. */
+static void test_bcast(void **state) {
+  (void)state;
+  enum { N = 8, M = 64 };
+  store_thread st;
+  store_start(&st, 0);
+  struct event_base *base = bt_base();
+  ncfsm_boot *bs[M];
+  for (int r = 0; r < N; r++) bs[r] = open_tcp(base, st.port, r, N, TOKEN, 20000);
+  bt_bcast_suite(base, bs, N, 1);
+  for (int r = N - 1; r >= 0; r--) assert_int_equal(NCFSM_OK, ncfsm_boot_close(bs[r]));
+  store_stop(&st);
+  assert_int_equal(5 + 1 + 3, (int)st.st.bcasts_done); /* 5 rounds, the crossed one, 3 roots */
+  assert_int_equal(0, (int)st.st.gathers_failed);
+
+  store_start(&st, 0);
+  for (int r = 0; r < M; r++) bs[r] = open_tcp(base, st.port, r, M, TOKEN, 20000);
+  size_t len = 256 << 10;
+  unsigned char *buf = malloc((size_t)M * len);
+  ncfsm_boot_req *q[M];
+  for (int r = M - 1; r >= 0; r--) { /* the receivers first: they park */
+    if (r == 0) bt_fill(buf, len, 0, 7);
+    assert_int_equal(NCFSM_OK, ncfsm_boot_bcast_post(bs[r], buf + (size_t)r * len, len, 0, &q[r]));
+  }
+  bt_wait_all(base, q, M);
+  for (int r = 0; r < M; r++) {
+    if (ncfsm_boot_test(q[r]) != NCFSM_OK) fail_msg("rank %d: %s", r, ncfsm_boot_last_error(bs[r]));
+    assert_memory_equal(buf + (size_t)r * len, buf, len);
+    ncfsm_boot_req_free(q[r]);
+  }
+  for (int r = M - 1; r >= 0; r--) assert_int_equal(NCFSM_OK, ncfsm_boot_close(bs[r]));
+  store_stop(&st);
+  free(buf);
+  fprintf(stderr, "bcast of %zu bytes to %d receivers: store peak %llu bytes held, %llu queued\n",
+          len, M - 1, (unsigned long long)st.st.peak_bytes, (unsigned long long)st.st.peak_out);
+  assert_true(st.st.peak_bytes < 2 * len); /* copies would be 63 x 256 KiB */
+  assert_int_equal(1, (int)st.st.bcasts_done);
+  event_base_free(base);
+}
+
+/* A root that leaves before posting fails the receivers by name; a broadcast posted with
+ * another length fails for every rank that posted it, naming both. */
+static void test_bcast_errors(void **state) {
+  (void)state;
+  store_thread st;
+  store_start(&st, 0);
+  struct event_base *base = bt_base();
+  ncfsm_boot *bs[3];
+  for (int r = 0; r < 3; r++) bs[r] = open_tcp(base, st.port, r, 3, TOKEN, 20000);
+  int v[3] = {0, 0, 0};
+  ncfsm_boot_req *q[3] = {NULL, NULL, NULL};
+  assert_int_equal(NCFSM_OK, ncfsm_boot_barrier_post(bs[0], &q[0])); /* everyone connected */
+  assert_int_equal(NCFSM_OK, ncfsm_boot_barrier_post(bs[1], &q[1]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_barrier_post(bs[2], &q[2]));
+  bt_wait_all(base, q, 3);
+  for (int r = 0; r < 3; r++) ncfsm_boot_req_free(q[r]);
+  /* length mismatch: rank 1 posts 4 bytes, rank 2 8 bytes, root 0 posts nothing yet */
+  double big[1];
+  assert_int_equal(NCFSM_OK, ncfsm_boot_bcast_post(bs[1], &v[1], sizeof v[1], 0, &q[1]));
+  assert_int_equal(NCFSM_ERR_AGAIN, bt_wait(base, q[1], 0.2)); /* parked */
+  assert_int_equal(NCFSM_OK, ncfsm_boot_bcast_post(bs[2], big, sizeof big, 0, &q[2]));
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, bt_wait(base, q[2], 5));
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, bt_wait(base, q[1], 5));
+  assert_non_null(strstr(ncfsm_boot_last_error(bs[2]), "posted it with root 0 and 8 bytes"));
+  assert_non_null(strstr(ncfsm_boot_last_error(bs[1]), "posted it with root 0 and 8 bytes"));
+  ncfsm_boot_req_free(q[1]);
+  ncfsm_boot_req_free(q[2]);
+  /* root gone: rank 2 closes its bootstrap; ranks 0 and 1 wait on a broadcast from rank 2 */
+  ncfsm_boot *c[2];
+  store_stop(&st);
+  for (int r = 0; r < 3; r++) ncfsm_boot_close(bs[r]);
+  store_start(&st, 0);
+  for (int r = 0; r < 2; r++) c[r] = open_tcp(base, st.port, r, 3, TOKEN, 20000);
+  ncfsm_boot *root = open_tcp(base, st.port, 2, 3, TOKEN, 20000);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_bcast_post(c[0], &v[0], sizeof v[0], 2, &q[0]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_bcast_post(c[1], &v[1], sizeof v[1], 2, &q[1]));
+  bt_spin(base, 0.2); /* all three connected, the two parked */
+  assert_int_equal(NCFSM_ERR_AGAIN, ncfsm_boot_test(q[0]));
+  double t0 = bt_now();
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(root));
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, bt_wait(base, q[0], 5));
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, bt_wait(base, q[1], 5));
+  assert_true(bt_now() - t0 < 2.0);
+  assert_non_null(strstr(ncfsm_boot_last_error(c[0]), "its root, rank 2"));
+  assert_non_null(strstr(ncfsm_boot_last_error(c[0]), "disconnected before posting it"));
+  for (int r = 0; r < 2; r++) {
+    ncfsm_boot_req_free(q[r]);
+    ncfsm_boot_close(c[r]);
+  }
+  /* misuse */
+  c[0] = open_tcp(base, st.port, 0, 3, TOKEN, 20000);
+  assert_int_equal(NCFSM_ERR_INVALID_ARGUMENT, ncfsm_boot_bcast_post(c[0], v, 4, 3, &q[0]));
+  assert_null(q[0]);
+  assert_non_null(strstr(ncfsm_boot_last_error(c[0]), "root 3 is not a rank"));
+  assert_int_equal(NCFSM_ERR_INVALID_ARGUMENT, ncfsm_boot_bcast_roots_post(c[0], v, 4, 4, &q[0]));
+  assert_int_equal(-1, ncfsm_boot_root_of(3, 0, 0));
+  assert_int_equal(-1, ncfsm_boot_root_of(3, 2, 2));
+  assert_int_equal(1, ncfsm_boot_root_of(3, 2, 1));
+  assert_int_equal(6, ncfsm_boot_root_of(8, 4, 3));
+  ncfsm_boot_close(c[0]);
+  store_stop(&st);
+  event_base_free(base);
+}
+
 typedef struct thr_arg {
   int port, first, count, size, ok;
 } thr_arg;
@@ -710,6 +817,8 @@ int main(void) {
       BT_TEST(test_server_killed_mid_wait), /* first: fork before any thread exists */
       BT_TEST(test_many_clients_one_thread),
       BT_TEST(test_many_clients_threads),
+      BT_TEST(test_bcast),
+      BT_TEST(test_bcast_errors),
       BT_TEST(test_wrong_token),
       BT_TEST(test_missing_token_rejected_at_open),
       BT_TEST(test_bad_frames_close_only_that_connection),
