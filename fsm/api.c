@@ -257,6 +257,7 @@ ncfsm_state_t ncfsm_comm_state(const ncfsm_comm *c) {
   return v_
 
 int ncfsm_comm_rank(const ncfsm_comm *c) { LOCKED_GET(int, c->rank, -1); }
+const char *ncfsm_comm_name(const ncfsm_comm *c) { return comm_ok(c) ? c->name : ""; }
 int ncfsm_comm_size(const ncfsm_comm *c) { LOCKED_GET(int, c->nranks, -1); }
 int ncfsm_comm_device(const ncfsm_comm *c) { return comm_ok(c) ? c->opts.device : -1; }
 const char *ncfsm_comm_last_error(const ncfsm_comm *c) {
@@ -682,7 +683,7 @@ static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op
                         "init is done (state %s): submit rooted, point-to-point and per-rank-sized ops once it "
                         "is READY (ncfsm_comm_wait_state)",
                      fn, ncfsm_state_name(c->state));
-    return NCFSM_ERR_INVALID_USAGE;
+    return NCFSM_ERR_ILLEGAL_STATE;
   }
   if (op_rooted(o->kind) && (o->root < 0 || o->root >= c->nranks)) {
     ncfsm__set_error(c, "%s: argument root: %d is out of range (the communicator has %d ranks: 0..%d)",

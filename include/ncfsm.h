@@ -314,6 +314,8 @@ ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opt
 
 ncfsm_state_t ncfsm_comm_state(const ncfsm_comm *comm);
 int ncfsm_comm_rank(const ncfsm_comm *comm);
+/* opts.name as the comm keeps it (never NULL; "" for an invalid handle); valid while the handle is. */
+const char *ncfsm_comm_name(const ncfsm_comm *comm);
 int ncfsm_comm_size(const ncfsm_comm *comm);
 int ncfsm_comm_device(const ncfsm_comm *comm);
 /* The cause of the last failed call on this comm (state, call, what to do),
@@ -354,6 +356,8 @@ ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *comm, ncfsm_state_t s, uint64_t
 #define NCFSM_SPLIT_NOCOLOR (-1) /* this rank takes part but gets no child (child NULL) */
 /* ncclCommSplit: ranks with the same color form one child, ordered by key. */
 ncfsm_result_t ncfsm_comm_split(ncfsm_comm *parent, int color, int key, ncfsm_comm *child);
+/* (For split, shrink and grow: a call refused before NCCL leaves the child NEW;
+ * a call NCCL itself refused fails the parent and the child: abort both.) */
 #define NCFSM_SHRINK_DEFAULT 0 /* the parent has no unfinished work; it stays usable */
 #define NCFSM_SHRINK_ABORT 1   /* the parent's work is terminated first; abort the parent afterwards */
 /* ncclCommShrink (NCCL >= 2.27): the survivors (every rank not in exclude,

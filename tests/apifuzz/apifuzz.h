@@ -169,6 +169,7 @@ typedef struct fz_itab {
 
 struct fz_clique {
   int id;
+  bool split_child; /* made by act_split: a split child's rank and size are known once its init is done */
   fz_loop *loop;
   int loop_gen;  /* the loop slot's generation when the clique was made */
   int n;

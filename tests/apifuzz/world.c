@@ -279,7 +279,8 @@ fz_clique *fz_clique_new(fz_loop *l, int n, const ncfsm_comm_opts *base, const n
     c->fp_hash = 0xcbf29ce484222325ull;
     q->c[r] = c;
   }
-  static const char *modes[] = {"init_all", "new+init", "new, init later", "new+init in a group"};
+  static const char *modes[] = {"init_all", "new+init", "new, init later", "new+init in a group",
+                                "new, made by a split or shrink"};
   static const char *pols[] = {"abort", "stay", "exit", "revoke"};
   fz_log("clique q%d on L%d: %d rank(s), %s, %s, timeout %llu ms, on_error %s%s, polls i%d/l%d/f%d/r%d%s%s",
          q->id, l->id, n, modes[init_mode], o.blocking ? "blocking" : "nonblocking",
@@ -326,7 +327,7 @@ fz_clique *fz_clique_new(fz_loop *l, int n, const ncfsm_comm_opts *base, const n
   bool grouped = init_mode == 3;
   if (grouped) fz_group_start(l);
   for (int r = 0; r < n; r++)
-    if (init_mode != 2 || fz_chance(0.5)) init_comm(q->c[r]);
+    if (init_mode != 4 && (init_mode != 2 || fz_chance(0.5))) init_comm(q->c[r]);
   if (grouped) fz_group_end(l);
   return q;
 }
@@ -1505,7 +1506,8 @@ static void act_getters(void) {
     const char *le = ncfsm_comm_last_error(c->h);
     (void)ncfsm_comm_backend_error(c->h);
     g.n_calls += 6;
-    if (c->inited && (rank != r || size != q->n))
+    bool unknown_yet = q->split_child && rank == -1 && size == 0; /* until its INIT_DONE (or for good if it failed) */
+    if (c->inited && !unknown_yet && (rank != r || size != q->n))
       fz_violation("q%d/r%d: ncfsm_comm_rank/size are %d/%d", q->id, r, rank, size);
     if (dev != c->device) fz_violation("q%d/r%d: ncfsm_comm_device is %d, not %d", q->id, r, dev, c->device);
     if (!le) fz_violation("q%d/r%d: ncfsm_comm_last_error returned NULL", q->id, r);
@@ -1637,6 +1639,56 @@ void fz_world_init(void) {
   for (int i = 0; i < nloops; i++) fz_loop_open(i, fz_chance(0.15));
 }
 
+/* Split (one color, keys keeping the order) or a default-mode shrink that
+ * excludes the last rank: the children are a new clique of the world (mode 4:
+ * made with ncfsm_comm_new, not initialised), ranked as their parents. Every
+ * call is checked against the legality table; a rank whose call fails leaves
+ * its child NEW (the others' children then never get their handles and end at
+ * their deadline, or stay in INIT_IN_PROGRESS until aborted). */
+static void act_split(void) {
+  fz_clique *q = pick_clique(NULL);
+  if (!q || g.ncliques >= FZ_MAX_CLIQUES - 1 || !quiet(q->loop) || !q->loop->h) return;
+  bool shrink = q->n >= 2 && fz_chance(0.5);
+  int ex = q->n - 1, nch = shrink ? q->n - 1 : q->n;
+  for (int r = 0; r < nch; r++)
+    if (!q->c[r]->h) return;
+  fz_clique *k = fz_clique_new(q->loop, nch, NULL, NULL, 4);
+  if (!k) return;
+  k->split_child = !shrink;
+  fz_log("%s of q%d into q%d", shrink ? "shrink (default mode, excluding the last rank)" : "split", q->id, k->id);
+  for (int r = 0; r < nch; r++) {
+    fz_comm *p = q->c[r], *c = k->c[r];
+    ncfsm_state_t pre = ncfsm_comm_state(p->h);
+    ncfsm_call_t call = shrink ? NCFSM_CALL_SHRINK : NCFSM_CALL_SPLIT;
+    char what[96];
+    snprintf(what, sizeof what, "%s(q%d/r%d -> q%d/r%d)", call_fn(call), q->id, r, k->id, r);
+    fz_deadline(HANG_SLACK_MS, what);
+    ncfsm_result_t rc = shrink ? ncfsm_comm_shrink(p->h, &ex, 1, NCFSM_SHRINK_DEFAULT, c->h)
+                               : ncfsm_comm_split(p->h, 0, r, c->h);
+    fz_deadline(0, NULL);
+    g.n_calls++;
+    fz_log("%s in %s -> %s (parent now %s, child %s)", what, ncfsm_state_name(pre), rname(rc),
+           ncfsm_state_name(ncfsm_comm_state(p->h)), ncfsm_state_name(ncfsm_comm_state(c->h)));
+    if (rc == NCFSM_OK) c->inited = true;
+    if (rc == NCFSM_OK && ncfsm_legality(pre, call, NULL, NULL) == NCFSM_REJECT)
+      fz_violation("%s returned OK in state %s, where the legality table says REJECT", what, ncfsm_state_name(pre));
+    if (rc == NCFSM_ERR_ILLEGAL_STATE) {
+      const char *e = ncfsm_comm_last_error(p->h);
+      if (!e || !*e) fz_violation("%s failed with %s and an empty last error", what, rname(rc));
+    }
+    /* refused before NCCL: the child stays NEW; NCCL refused the call: the parent and the child fail */
+    bool refused = rc == NCFSM_ERR_ILLEGAL_STATE || rc == NCFSM_ERR_INVALID_ARGUMENT || rc == NCFSM_ERR_INVALID_USAGE ||
+                   rc == NCFSM_ERR_UNSUPPORTED || rc == NCFSM_ERR_WRONG_THREAD;
+    ncfsm_state_t cs = ncfsm_comm_state(c->h);
+    if (refused && cs != NCFSM_STATE_NEW)
+      fz_violation("%s was refused with %s but the child left NEW (%s)", what, rname(rc), ncfsm_state_name(cs));
+    if (rc != NCFSM_OK && !refused && (cs == NCFSM_STATE_NEW || cs == NCFSM_STATE_INIT_IN_PROGRESS))
+      fz_violation("%s failed with %s (NCCL refused it) but the child is %s, not failed", what, rname(rc),
+                   ncfsm_state_name(cs));
+    if (rc != NCFSM_OK && q->loop->depth) q->loop->group_call_error = true;
+  }
+}
+
 static void act_new_clique(void) {
   fz_loop *l = pick_loop();
   if (!l) return;
@@ -1669,6 +1721,7 @@ void fz_random_step(void) {
       {act_init_later, deferred ? 6 : 0, "init"},
       {act_bad_init, 1, "bad init"},
       {act_template, 34, "template"},
+      {act_split, 2, "split or shrink"},
       {act_group_start, depth < 3 ? 3 : 0, "group start"},
       {act_group_end_b, depth ? 6 : 0, "group end"},
       {act_group_end_u, 1, "group end (maybe unbalanced)"},

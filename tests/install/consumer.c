@@ -1,5 +1,6 @@
 /* A program built against an INSTALLED ncfsm (find_package or pkg-config). */
 #include <ncfsm.h>
+#include <ncfsm/testing.h> /* the testing kit is installed with the library */
 #include <stdio.h>
 
 int main(void) {
@@ -20,6 +21,6 @@ int main(void) {
     ncfsm_comm_abort(c[r]);
     ncfsm_comm_release(c[r]);
   }
-  printf("consumer: %s, allreduce ok\n", ncfsm_state_name(NCFSM_STATE_CLOSED));
+  printf("consumer: %s, allreduce ok, comm name %s\n", ncfsm_state_name(NCFSM_STATE_CLOSED), ncfsm_comm_name(NULL)[0] ? "?" : "-");
   return ncfsm_loop_close(loop) == NCFSM_OK ? 0 : 5;
 }

@@ -85,6 +85,11 @@ static void test_split_colors(void **state) {
     assert_int_equal(ncfsm_comm_state(p[r]), NCFSM_STATE_SPLITTING);
     assert_int_equal(ncfsm_comm_state(ch[r]), NCFSM_STATE_INIT_IN_PROGRESS);
   }
+  /* before READY a split child's size is unknown: rooted, p2p and per-rank-sized ops are refused */
+  int32_t tmp[8] = {0};
+  assert_int_equal(ncfsm_broadcast(ch[1], tmp, tmp, 8, NCFSM_INT32, 0, NULL, NULL, NULL, NULL), NCFSM_ERR_ILLEGAL_STATE);
+  assert_non_null(strstr(ncfsm_comm_last_error(ch[1]), "ncfsm_broadcast"));
+  assert_non_null(strstr(ncfsm_comm_last_error(ch[1]), "READY"));
   /* an op on a child queues until it is READY */
   reset_cbs();
   int32_t early[8] = {0};
