@@ -25,6 +25,7 @@ static void act_watch_phase(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from)
 
 /* Ops deferred while init was in progress launch at the next turn. */
 static void act_launch_deferred(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_state_t from) {
+  c->ready_once = true;
   if (c->bq_head) c->loop->kick = true;
 }
 

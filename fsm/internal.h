@@ -167,6 +167,7 @@ struct ncfsm_comm {
   void *split_bcomm;        /* child: where the backend writes its handle (R8) */
   uint64_t nsplits;         /* parent: calls issued (child comm ids derive from it) */
   bool was_revoked;         /* guard WAS_REVOKED: a shrink of a revoked comm */
+  bool ready_once;          /* its init completed (a recovery may shrink it) */
   bool grow_id_made;        /* ncfsm_comm_grow_id ran here: this rank passes the id to NCCL */
   struct ncfsm__recovery *recovery; /* fsm/recover.c: armed or running (NULL: none) */
   uint64_t state_since_ns; /* when it entered its current state */

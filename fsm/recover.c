@@ -31,7 +31,7 @@
 #define LOCK(l) pthread_mutex_lock(&(l)->mu)
 #define UNLOCK(l) pthread_mutex_unlock(&(l)->mu)
 
-enum phase { P_ARMED, P_START, P_AGREE, P_SHRINK, P_REINIT, P_DONE };
+enum phase { P_ARMED, P_START, P_AGREE, P_PLAN, P_SHRINK, P_SHRINK_VOTE, P_REINIT, P_DONE };
 
 struct ncfsm__recovery {
   ncfsm_loop *loop;
@@ -46,6 +46,8 @@ struct ncfsm__recovery {
   enum phase phase;
   uint64_t epoch;
   ncfsm_boot_req *agree;
+  ncfsm_boot_req *vote_req; /* an allgather of one byte per survivor on the survivors' bootstrap */
+  uint8_t my_vote, *votes;
   ncfsm_boot *sub;      /* the survivors' bootstrap, handed to the new comm's recovery */
   uint8_t *alive;
   int nalive;
@@ -66,8 +68,10 @@ static void schedule(struct ncfsm__recovery *r, int us) {
 static void rec_free(struct ncfsm__recovery *r) {
   if (r->timer) event_free(r->timer);
   if (r->agree) ncfsm_boot_req_free(r->agree);
+  if (r->vote_req) ncfsm_boot_req_free(r->vote_req);
   free(r->alive);
   free(r->excluded);
+  free(r->votes);
   free(r);
 }
 
@@ -85,6 +89,10 @@ static void finish(struct ncfsm__recovery *r, ncfsm_result_t status) {
   if (r->agree) {
     ncfsm_boot_req_free(r->agree);
     r->agree = NULL;
+  }
+  if (r->vote_req) {
+    ncfsm_boot_req_free(r->vote_req);
+    r->vote_req = NULL;
   }
   ncfsm_recovery_report rep;
   memset(&rep, 0, sizeof rep);
@@ -150,6 +158,29 @@ static void start_reinit(struct ncfsm__recovery *r) {
   schedule(r, 1000);
 }
 
+/* Every survivor takes the same path: a decision that depends on a rank's own
+ * view (may it shrink? did its shrink work?) is a vote, an allgather of one
+ * byte on the survivors' bootstrap, and the path is taken only if every
+ * survivor voted yes. */
+static bool vote_post(struct ncfsm__recovery *r, bool yes) {
+  int n = ncfsm_boot_size(r->sub);
+  if (!r->votes && !(r->votes = calloc((size_t)n, 1))) return false;
+  r->my_vote = yes;
+  return ncfsm_boot_allgather_post(r->sub, &r->my_vote, r->votes, 1, &r->vote_req) == NCFSM_OK;
+}
+
+/* 1: every survivor said yes, 0: someone said no, -1: not done, -2: failed. */
+static int vote_result(struct ncfsm__recovery *r) {
+  ncfsm_result_t t = ncfsm_boot_test(r->vote_req);
+  if (t == NCFSM_ERR_AGAIN) return -1;
+  ncfsm_boot_req_free(r->vote_req);
+  r->vote_req = NULL;
+  if (t != NCFSM_OK) return -2;
+  int all = 1;
+  for (int i = 0; i < ncfsm_boot_size(r->sub); i++) all &= r->votes[i] == 1;
+  return all;
+}
+
 static void step(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
@@ -199,9 +230,31 @@ static void step(evutil_socket_t fd, short what, void *arg) {
       }
       ncfsm_boot_req_free(r->agree); /* a bootstrap with a request out cannot be closed */
       r->agree = NULL;
-      /* Shrink where it can work: some rank left, the comm still has its NCCL communicator */
+      /* May this rank shrink? Some rank left, the comm has an NCCL communicator
+       * that was ready once, and the runtime has Shrink. Every survivor votes. */
       s = ncfsm_comm_state(old);
-      if (r->nexcluded > 0 && (s == NCFSM_STATE_ERROR || s == NCFSM_STATE_REVOKED)) {
+      unsigned feat = old->be->features();
+      bool can = r->nexcluded > 0 && (s == NCFSM_STATE_ERROR || s == NCFSM_STATE_REVOKED) && old->ready_once &&
+                 old->be->comm_shrink && (feat & NCFSM__HAS_SHRINK);
+      if (!vote_post(r, can)) {
+        fail_recovery(r, "the survivors' vote could not be posted", ncfsm_boot_last_error(r->sub));
+        return;
+      }
+      r->phase = P_PLAN;
+      schedule(r, 1000);
+      return;
+    }
+    case P_PLAN: {
+      int v = vote_result(r);
+      if (v == -1) {
+        schedule(r, 1000);
+        return;
+      }
+      if (v == -2) {
+        fail_recovery(r, "the survivors' vote failed", ncfsm_boot_last_error(r->sub));
+        return;
+      }
+      if (v == 1) {
         r->fresh = new_fresh(r);
         r->how = "shrink";
         if (r->fresh && ncfsm_comm_shrink(old, r->excluded, r->nexcluded, NCFSM_SHRINK_ABORT, r->fresh) == NCFSM_OK) {
@@ -209,25 +262,53 @@ static void step(evutil_socket_t fd, short what, void *arg) {
           schedule(r, 1000);
           return;
         }
-        NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: shrink not possible (%s); a new communicator instead", old->name,
-                   ncfsm_comm_last_error(old));
+        /* refused here: vote no, with the others */
+        NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: the shrink was refused (%s)", old->name, ncfsm_comm_last_error(old));
+        if (!vote_post(r, false)) {
+          fail_recovery(r, "the survivors' vote could not be posted", ncfsm_boot_last_error(r->sub));
+          return;
+        }
+        r->phase = P_SHRINK_VOTE;
+        schedule(r, 1000);
+        return;
       }
       start_reinit(r);
       return;
     }
     case P_SHRINK: {
       ncfsm_state_t fs = ncfsm_comm_state(r->fresh);
-      if (fs == NCFSM_STATE_READY) {
+      bool ok = fs == NCFSM_STATE_READY;
+      if (!ok && fs != NCFSM_STATE_ERROR && fs != NCFSM_STATE_CLOSED) {
+        schedule(r, 1000); /* the child's own deadline bounds this */
+        return;
+      }
+      if (!ok)
+        NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: the shrunk communicator failed (%s)", old->name,
+                   ncfsm_comm_failure(r->fresh));
+      if (!vote_post(r, ok)) {
+        fail_recovery(r, "the survivors' vote could not be posted", ncfsm_boot_last_error(r->sub));
+        return;
+      }
+      r->phase = P_SHRINK_VOTE;
+      schedule(r, 1000);
+      return;
+    }
+    case P_SHRINK_VOTE: {
+      int v = vote_result(r);
+      if (v == -1) {
+        schedule(r, 1000);
+        return;
+      }
+      if (v == -2) {
+        fail_recovery(r, "the survivors' vote failed", ncfsm_boot_last_error(r->sub));
+        return;
+      }
+      if (v == 1) {
         finish(r, NCFSM_OK);
         return;
       }
-      if (fs == NCFSM_STATE_ERROR || fs == NCFSM_STATE_CLOSED) {
-        NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: the shrunk communicator failed (%s); a new one instead",
-                   old->name, ncfsm_comm_failure(r->fresh));
-        start_reinit(r);
-        return;
-      }
-      schedule(r, 1000);
+      NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: a survivor's shrink failed; a new communicator instead", old->name);
+      start_reinit(r);
       return;
     }
     case P_REINIT: {
@@ -270,7 +351,7 @@ static void peer_lost(ncfsm_boot *b, int rank, const char *why, void *arg) {
    * one after the other, and a comm that is finalizing (or done) ends anyway. */
   ncfsm_state_t s = c ? c->state : NCFSM_STATE_CLOSED;
   bool in_service = s == NCFSM_STATE_READY || s == NCFSM_STATE_GROUP_OPEN || s == NCFSM_STATE_LAUNCH_IN_PROGRESS ||
-                    s == NCFSM_STATE_SPLITTING;
+                    s == NCFSM_STATE_SPLITTING || s == NCFSM_STATE_INIT_QUEUED || s == NCFSM_STATE_INIT_IN_PROGRESS;
   if (r->phase == P_ARMED && in_service)
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_ASYNC, NCFSM__NCCL_SUCCESS, what);
   else if (c)

@@ -410,7 +410,8 @@ typedef struct ncfsm_recovery_opts {
 } ncfsm_recovery_opts;
 /* Arm c (once, while it is live); registers for the bootstrap's peer-loss reports
  * (one comm per bootstrap). A lost rank fails c only while c is in service
- * (READY, GROUP_OPEN, LAUNCH_IN_PROGRESS, SPLITTING): ranks ending a job close
+ * (INIT_QUEUED, INIT_IN_PROGRESS, READY, GROUP_OPEN, LAUNCH_IN_PROGRESS,
+ * SPLITTING: an init with a dead rank never completes): ranks ending a job close
  * their bootstraps one after the other. opts NULL disarms c (not while its
  * recovery runs). Close the bootstrap only after releasing (or disarming) c. */
 ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *comm, const ncfsm_recovery_opts *opts);

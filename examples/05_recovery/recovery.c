@@ -15,6 +15,8 @@
  *   before   before it submits iteration K (the others' AllReduce waits for it)
  *   inflight after it submitted iteration K, before it completes
  *   after    after iteration K completed on every rank (the next one waits)
+ *   init     during the comm's init, once the unique id is exchanged (--kill-at is
+ *            ignored: the others' init never completes)
  *
  * The survivors' comm is armed with ncfsm_comm_set_recovery and the error
  * policy NCFSM_ON_ERROR_SHRINK: the dead rank is seen (the bootstrap reports
@@ -195,8 +197,10 @@ int main(int argc, char **argv) {
     }
   }
   if (report_dir) return report(report_dir, np, victim, exits, check);
-  if (!out || iters < 1 || (strcmp(kill_point, "before") && strcmp(kill_point, "inflight") && strcmp(kill_point, "after"))) {
-    fprintf(stderr, "05_recovery: --out is required; --kill-point is before, inflight or after\n");
+  if (!out || iters < 1 ||
+      (strcmp(kill_point, "init") && strcmp(kill_point, "before") && strcmp(kill_point, "inflight") &&
+       strcmp(kill_point, "after"))) {
+    fprintf(stderr, "05_recovery: --out is required; --kill-point is init, before, inflight or after\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -230,9 +234,30 @@ int main(int argc, char **argv) {
   o.dump_dir = "";
   if ((r = ncfsm_comm_new(S.loop, &o, &S.comm)) != NCFSM_OK) die("comm_new", r);
   if ((r = ncfsm_comm_init_boot(S.comm, S.boot)) != NCFSM_OK) die("init_boot", r);
-  if ((r = ncfsm_comm_wait_state(S.comm, NCFSM_STATE_READY, 60000)) != NCFSM_OK) die("init", r);
+  /* armed before the init is done: a rank lost during it is recovered too */
   ncfsm_recovery_opts ro = {S.boot, &o, on_recovered, &S};
   if ((r = ncfsm_comm_set_recovery(S.comm, &ro)) != NCFSM_OK) die("set_recovery", r);
+  if (S.orig_rank == victim && !strcmp(kill_point, "init")) {
+    /* once the unique id is exchanged (so the store knows this rank), while NCCL's init waits for it */
+    double until = mono_ms() + 30000;
+    while (ncfsm_comm_state(S.comm) == NCFSM_STATE_INIT_QUEUED && mono_ms() < until)
+      ncfsm_loop_run(S.loop, NCFSM_RUN_NOWAIT);
+    kill_at = 0;
+    goto kill_me;
+  }
+  if (ncfsm_comm_wait_state(S.comm, NCFSM_STATE_READY, 60000) != NCFSM_OK) {
+    /* the init failed (a rank died during it): the recovery replaces the comm */
+    double until = mono_ms() + 60000;
+    while (S.recoveries == 0 && mono_ms() < until) ncfsm_loop_run(S.loop, NCFSM_RUN_ONCE);
+    if (S.recoveries == 0 || S.rec_status != NCFSM_OK) {
+      fprintf(stderr, "rank %d: the init failed and no recovery replaced the comm: %s\n", S.orig_rank,
+              S.recoveries ? S.why : ncfsm_comm_failure(S.comm));
+      return 1;
+    }
+    printf("rank %d: the init failed; recovered by %s; the new comm has %d rank(s)\n", S.orig_rank, S.how,
+           ncfsm_comm_size(S.comm));
+    ncfsm_comm_release(S.old);
+  }
 
   float host[N_ELEM];
   void *buf = NULL;
