@@ -305,7 +305,12 @@ static int run_case(const mcase *mc, const char *out, uint64_t deadline_ms, uint
   touch(out, rank, "done");
   /* Every rank resolved its op (or the bound passed); async exchanges settle. */
   wait_files(loop, out, "done", nranks, hard);
-  for (double until = now_ms() + 300; now_ms() < until;) {
+  /* Async: this rank's exchange of the last window completes once every rank
+   * posted it, which under load can take a while; wait for the verdict (the
+   * comm failing) up to the stall bound and some, not for a fixed time. */
+  double settle = mc->mode == NCFSM_VERIFY_ASYNC ? (double)stall_ms + 2000 : 300;
+  for (double until = now_ms() + settle; now_ms() < until;) {
+    if (mc->mode == NCFSM_VERIFY_ASYNC && ncfsm_comm_state(c) != NCFSM_STATE_READY) break;
     ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
     usleep(1000);
   }
