@@ -367,6 +367,18 @@ ncfsm_result_t ncfsm_boot_allgather_post(ncfsm_boot *b, const void *send, void *
 
 static void req_release(ncfsm_boot_req *req, int counted);
 
+/* Run b's base until req finished; free it; its status. */
+static ncfsm_result_t run_until_done(ncfsm_boot *b, ncfsm_boot_req *req) {
+  ncfsm_result_t r;
+  while ((r = ncfsm_boot_test(req)) == NCFSM_ERR_AGAIN)
+    if (event_base_loop(b->base, EVLOOP_ONCE) < 0) {
+      r = ncfsm__boot_fail(b, NCFSM_ERR_SYSTEM, "event_base_loop failed: %s", strerror(errno));
+      break;
+    }
+  ncfsm_boot_req_free(req);
+  return r;
+}
+
 static ncfsm_result_t bcast_check(ncfsm_boot *b, void *buf, size_t len, int root,
                                   ncfsm_boot_req **out) {
   if (out) *out = NULL;
@@ -487,13 +499,7 @@ ncfsm_result_t ncfsm_boot_bcast(ncfsm_boot *b, void *buf, size_t len, int root) 
   ncfsm_boot_req *req;
   ncfsm_result_t r = ncfsm_boot_bcast_post(b, buf, len, root, &req);
   if (r != NCFSM_OK) return r;
-  while ((r = ncfsm_boot_test(req)) == NCFSM_ERR_AGAIN)
-    if (event_base_loop(b->base, EVLOOP_ONCE) < 0) {
-      r = ncfsm__boot_fail(b, NCFSM_ERR_SYSTEM, "event_base_loop failed: %s", strerror(errno));
-      break;
-    }
-  ncfsm_boot_req_free(req);
-  return r;
+  return run_until_done(b, req);
 }
 
 /* ---- recovery ---------------------------------------------------------------- */
@@ -675,11 +681,5 @@ ncfsm_result_t ncfsm_boot_allgather(ncfsm_boot *b, const void *send, void *recv,
   ncfsm_boot_req *req;
   ncfsm_result_t r = ncfsm_boot_allgather_post(b, send, recv, len, &req);
   if (r != NCFSM_OK) return r;
-  while ((r = ncfsm_boot_test(req)) == NCFSM_ERR_AGAIN)
-    if (event_base_loop(b->base, EVLOOP_ONCE) < 0) {
-      r = ncfsm__boot_fail(b, NCFSM_ERR_SYSTEM, "event_base_loop failed: %s", strerror(errno));
-      break;
-    }
-  ncfsm_boot_req_free(req);
-  return r;
+  return run_until_done(b, req);
 }

@@ -472,62 +472,59 @@ static tcp_op *op_new(tcp_impl *t, ncfsm_boot_req *req) {
   return op;
 }
 
-static ncfsm_result_t tcp_post(ncfsm_boot *b, ncfsm_boot_req *req) {
+/* Send req as one frame: key "<tag>/<seq>" ("<group>:<tag>/<seq>" in a survivors' view),
+ * value v[0..vl) then data[0..dl). */
+static ncfsm_result_t tcp_post_frame(ncfsm_boot *b, ncfsm_boot_req *req, uint8_t type,
+                                     const char *tag, const uint8_t *v, size_t vl,
+                                     const void *data, size_t dl) {
   tcp_view *view = b->impl;
   tcp_impl *t = view->t;
-  if (t->dead) return b->failed ? b->failed : NCFSM_ERR_BOOTSTRAP;
-  if (req->len > UINT32_MAX - 8 || (uint64_t)req->len * (uint64_t)b->size > UINT32_MAX) {
-    ncfsm__boot_seterr(b, "tcp allgather of %zu bytes x %d ranks is too large for one frame",
-                       req->len, b->size);
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
   tcp_op *op = op_new(t, req);
   if (!op) return NCFSM_ERR_NO_MEMORY;
   char key[NCFSM__FRAME_KEY_MAX + 32];
-  int kl = view->ranks ? snprintf(key, sizeof key, "%s:ag/%" PRIu64, view->path, req->seq)
-                       : snprintf(key, sizeof key, "ag/%" PRIu64, req->seq);
-  uint8_t v[8];
-  ncfsm__wr32(v, (uint32_t)b->rank); /* a survivors' view: its index in the group */
-  ncfsm__wr32(v + 4, (uint32_t)b->size);
-  if (tcp_send(t, NCFSM__F_GATHER, op->id, key, (size_t)kl, v, sizeof v, req->send, req->len)) {
+  int kl = view->ranks ? snprintf(key, sizeof key, "%s:%s/%" PRIu64, view->path, tag, req->seq)
+                       : snprintf(key, sizeof key, "%s/%" PRIu64, tag, req->seq);
+  if (tcp_send(t, type, op->id, key, (size_t)kl, v, vl, data, dl)) {
     free(op);
-    return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "tcp allgather: out of memory");
+    return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "tcp bootstrap: out of memory");
   }
   TAILQ_INSERT_TAIL(&t->ops, op, link);
   req->impl = op;
   return NCFSM_OK;
 }
 
+static ncfsm_result_t tcp_post(ncfsm_boot *b, ncfsm_boot_req *req) {
+  tcp_impl *t = ((tcp_view *)b->impl)->t;
+  if (t->dead) return b->failed ? b->failed : NCFSM_ERR_BOOTSTRAP;
+  if (req->len > UINT32_MAX - 8 || (uint64_t)req->len * (uint64_t)b->size > UINT32_MAX) {
+    ncfsm__boot_seterr(b, "tcp allgather of %zu bytes x %d ranks is too large for one frame",
+                       req->len, b->size);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  uint8_t v[8];
+  ncfsm__wr32(v, (uint32_t)b->rank); /* a survivors' view: its index in the group */
+  ncfsm__wr32(v + 4, (uint32_t)b->size);
+  return tcp_post_frame(b, req, NCFSM__F_GATHER, "ag", v, sizeof v, req->send, req->len);
+}
+
 /* broadcast #n is one BCAST frame (key "bc/<n>", in a survivors' view "<group>:bc/<n>"):
  * value u32 rank, u32 size, u32 root, u32 len, and on root the len bytes. The store answers
  * root with an empty OK once it holds the bytes, every other rank with OK + the bytes. */
 static ncfsm_result_t tcp_bcast_post(ncfsm_boot *b, ncfsm_boot_req *req) {
-  tcp_view *view = b->impl;
-  tcp_impl *t = view->t;
+  tcp_impl *t = ((tcp_view *)b->impl)->t;
   if (t->dead) return b->failed ? b->failed : NCFSM_ERR_BOOTSTRAP;
   if (req->len > UINT32_MAX - 16) {
     ncfsm__boot_seterr(b, "tcp broadcast of %zu bytes is too large for one frame", req->len);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  tcp_op *op = op_new(t, req);
-  if (!op) return NCFSM_ERR_NO_MEMORY;
-  char key[NCFSM__FRAME_KEY_MAX + 32];
-  int kl = view->ranks ? snprintf(key, sizeof key, "%s:bc/%" PRIu64, view->path, req->seq)
-                       : snprintf(key, sizeof key, "bc/%" PRIu64, req->seq);
   uint8_t v[16];
   ncfsm__wr32(v, (uint32_t)b->rank); /* a survivors' view: its index in the group */
   ncfsm__wr32(v + 4, (uint32_t)b->size);
   ncfsm__wr32(v + 8, (uint32_t)req->root);
   ncfsm__wr32(v + 12, (uint32_t)req->len);
   int root = req->root == b->rank;
-  if (tcp_send(t, NCFSM__F_BCAST, op->id, key, (size_t)kl, v, sizeof v, root ? req->send : NULL,
-               root ? req->len : 0)) {
-    free(op);
-    return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "tcp broadcast: out of memory");
-  }
-  TAILQ_INSERT_TAIL(&t->ops, op, link);
-  req->impl = op;
-  return NCFSM_OK;
+  return tcp_post_frame(b, req, NCFSM__F_BCAST, "bc", v, sizeof v, root ? req->send : NULL,
+                        root ? req->len : 0);
 }
 
 static void tcp_cancel(ncfsm_boot_req *req) {

@@ -1178,6 +1178,36 @@ static void handle_add(struct sconn *c, const ncfsm__frame *f) {
   wake_waiters(s, e);
 }
 
+/* The group of a GATHER/BCAST frame by rank (key "<group>:..." for a survivors' group, else
+ * the job's, *grp NULL): 0; -1 when the request was refused with an ERR; 1 when the
+ * connection must be closed with buf (a rank claiming another's place). */
+static int frame_group(struct sconn *c, const ncfsm__frame *f, uint32_t rank, const char *what,
+                       struct group **grp, char *buf, size_t n) {
+  ncfsm__store *s = c->s;
+  if (f->key[0] != '@') {
+    if (rank == c->rank) return 0;
+    snprintf(buf, n, "%s as rank %u on the connection of rank %u", what, rank, c->rank);
+    return 1;
+  }
+  const uint8_t *colon = memchr(f->key, ':', f->klen);
+  struct group *g = colon ? group_find(s, f->key, (uint32_t)(colon - f->key)) : NULL;
+  if (!g || !g->ranks) {
+    snprintf(buf, n, "%s %.*s: no survivors' group %.*s (no agreement made it)", what,
+             (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
+             (int)(colon ? colon - f->key : 0), (const char *)f->key);
+    reply_err(c, f->id, buf);
+    return -1;
+  }
+  int64_t idx = group_index(g, c->rank);
+  if (idx < 0 || (uint32_t)idx != rank) {
+    snprintf(buf, n, "%s in group %s as index %u by job rank %u, whose index there is %lld", what,
+             g->path, rank, c->rank, (long long)idx);
+    return 1;
+  }
+  *grp = g;
+  return 0;
+}
+
 static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
   ncfsm__store *s = c->s;
   uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4), len = f->vlen - 8;
@@ -1186,25 +1216,8 @@ static const char *handle_gather(struct sconn *c, const ncfsm__frame *f, char *b
                                "job size (size > 0)"),
            NULL;
   struct group *grp = NULL;
-  if (f->key[0] == '@') { /* a survivors' group's: "<group>:ag/<n>", rank = index in the group */
-    const uint8_t *colon = memchr(f->key, ':', f->klen);
-    grp = colon ? group_find(s, f->key, (uint32_t)(colon - f->key)) : NULL;
-    if (!grp || !grp->ranks) {
-      snprintf(buf, n, "GATHER %.*s: no survivors' group %.*s (no agreement made it)",
-               (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
-               (int)(colon ? colon - f->key : 0), (const char *)f->key);
-      return reply_err(c, f->id, buf), NULL;
-    }
-    int64_t idx = group_index(grp, c->rank);
-    if (idx < 0 || (uint32_t)idx != rank) {
-      snprintf(buf, n, "GATHER in group %s as index %u by job rank %u, whose index there is %lld",
-               grp->path, rank, c->rank, (long long)idx);
-      return buf;
-    }
-  } else if (rank != c->rank) {
-    snprintf(buf, n, "GATHER as rank %u on the connection of rank %u", rank, c->rank);
-    return buf;
-  }
+  int how = frame_group(c, f, rank, "GATHER", &grp, buf, n);
+  if (how) return how < 0 ? NULL : buf;
   char k[48];
   struct entry *e = table_get(s, f->key, f->klen, 0);
   if (e && e->failed) return reply_err(c, f->id, e->failed), NULL;
@@ -1306,25 +1319,8 @@ static const char *handle_bcast(struct sconn *c, const ncfsm__frame *f, char *bu
                                "job size (size > 0)"),
            NULL;
   struct group *grp = NULL;
-  if (f->key[0] == '@') { /* a survivors' group's: "<group>:bc/<n>", rank = index in the group */
-    const uint8_t *colon = memchr(f->key, ':', f->klen);
-    grp = colon ? group_find(s, f->key, (uint32_t)(colon - f->key)) : NULL;
-    if (!grp || !grp->ranks) {
-      snprintf(buf, n, "BCAST %.*s: no survivors' group %.*s (no agreement made it)",
-               (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
-               (int)(colon ? colon - f->key : 0), (const char *)f->key);
-      return reply_err(c, f->id, buf), NULL;
-    }
-    int64_t idx = group_index(grp, c->rank);
-    if (idx < 0 || (uint32_t)idx != rank) {
-      snprintf(buf, n, "BCAST in group %s as index %u by job rank %u, whose index there is %lld",
-               grp->path, rank, c->rank, (long long)idx);
-      return buf;
-    }
-  } else if (rank != c->rank) {
-    snprintf(buf, n, "BCAST as rank %u on the connection of rank %u", rank, c->rank);
-    return buf;
-  }
+  int how = frame_group(c, f, rank, "BCAST", &grp, buf, n);
+  if (how) return how < 0 ? NULL : buf;
   struct entry *e = table_get(s, f->key, f->klen, 0);
   if (e && e->failed) return reply_err(c, f->id, e->failed), NULL;
   if (e && e->gather && !e->bcast) return reply_err(c, f->id, "key is in use by a GATHER"), NULL;
