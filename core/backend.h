@@ -58,7 +58,7 @@ typedef struct ncfsm__comm_config {
 /* Optional entry points (bit set when the runtime has them, R6/R7). */
 enum { NCFSM__HAS_REVOKE = 1u << 0, NCFSM__HAS_SHRINK = 1u << 1, NCFSM__HAS_ALLTOALL = 1u << 2,
        NCFSM__HAS_GATHER = 1u << 3, NCFSM__HAS_SCATTER = 1u << 4, NCFSM__HAS_SPLIT = 1u << 5,
-       NCFSM__HAS_GROW = 1u << 6 };
+       NCFSM__HAS_GROW = 1u << 6, NCFSM__HAS_INIT_SCALABLE = 1u << 7 };
 
 /* ncclCommShrink flags (NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT) and NCCL_SPLIT_NOCOLOR. */
 enum { NCFSM__SHRINK_DEFAULT = 0, NCFSM__SHRINK_ABORT = 1 };
@@ -108,6 +108,10 @@ typedef struct ncfsm__backend {
   int (*comm_grow)(void *parent, int nranks, const ncfsm_unique_id *id, int rank, void **child,
                    const ncfsm__comm_config *cfg);
 
+  /* ncclCommInitRankScalable (NCCL 2.23+): several unique ids (nids roots),
+   * the same on every rank, in order. NULL or no HAS_INIT_SCALABLE: comm_init. */
+  int (*comm_init_scalable)(void **bcomm, int nranks, const ncfsm_unique_id *ids, int nids, int rank,
+                            const ncfsm__comm_config *cfg);
   /* ncclCommUserRank + ncclCommCount: a split child's rank and size are known
    * only to NCCL (they depend on every rank's color and key). */
   int (*comm_rank_size)(void *bcomm, int *rank, int *size);

@@ -101,6 +101,7 @@ typedef ncclResult_t (*ncfsm__nccl_comm_grow_fn)(ncclComm_t comm, int nRanks, co
   X(ncclCommRevoke, NCFSM__HAS_REVOKE, 22807)     \
   X(ncclCommShrink, NCFSM__HAS_SHRINK, 22703)     \
   X(ncclCommSplit, NCFSM__HAS_SPLIT, 21801)       \
+  X(ncclCommInitRankScalable, NCFSM__HAS_INIT_SCALABLE, 22304) \
   X(ncclAlltoAll, NCFSM__HAS_ALLTOALL, 22803)     \
   X(ncclGather, NCFSM__HAS_GATHER, 22803)         \
   X(ncclScatter, NCFSM__HAS_SCATTER, 22803)
@@ -549,6 +550,44 @@ static int b_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, int 
   return nres(r);
 }
 
+/* ncclCommInitRankScalable: as b_comm_init, with nids unique ids. */
+static int b_comm_init_scalable(void **bcomm, int nranks, const ncfsm_unique_id *ids, int nids, int rank,
+                                const ncfsm__comm_config *cfg) {
+  *bcomm = NULL;
+  if (not_usable()) return ncclSystemError;
+  if (!nc.ncclCommInitRankScalable) return missing("ncclCommInitRankScalable", 22304);
+  nccl_bcomm *bc = calloc(1, sizeof *bc);
+  ncclUniqueId *u = calloc((size_t)(nids > 0 ? nids : 1), sizeof *u);
+  if (!bc || !u) {
+    free(bc);
+    free(u);
+    own_error("out of host memory for a communicator");
+    return ncclSystemError;
+  }
+  bc->device = cfg->device;
+  if (force_device(cfg->device) != 0) {
+    free(bc);
+    free(u);
+    return ncclUnhandledCudaError;
+  }
+  bc->blocking = cfg->blocking ? 1 : 0;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = cfg->blocking ? 1 : 0;
+  if (cfg->name && cfg->name[0]) {
+    snprintf(bc->name, sizeof bc->name, "%s", cfg->name);
+    config.commName = bc->name;
+  }
+  for (int j = 0; j < nids; j++) memcpy(&u[j], &ids[j], sizeof u[j]);
+  ncclResult_t r = nc.ncclCommInitRankScalable(&bc->comm, nranks, rank, nids, u, &config);
+  free(u);
+  if (r != ncclSuccess && r != ncclInProgress && !bc->comm) {
+    free(bc);
+    return nres(r);
+  }
+  *bcomm = bc;
+  return nres(r);
+}
+
 static void pend_resolve(nccl_bcomm *bc);
 
 static int b_get_async_error(void *bcomm, int *state) {
@@ -920,6 +959,7 @@ const ncfsm__backend ncfsm__backend_nccl = {
     .features = b_features,
     .get_unique_id = b_get_unique_id,
     .comm_init = b_comm_init,
+    .comm_init_scalable = b_comm_init_scalable,
     .get_async_error = b_get_async_error,
     .group_start = b_group_start,
     .group_end = b_group_end,

@@ -49,6 +49,7 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   if (strcmp(vm, "off") && o->verify == NCFSM_VERIFY_OFF)
     NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "NCFSM_VERIFY=%s is not off, async or strict: verification is off", vm);
   o->verify_window = (unsigned)ncfsm__env_ll("NCFSM_VERIFY_WINDOW", 64);
+  o->init_roots = (int)ncfsm__env_ll("NCFSM_INIT_ROOTS", 1);
   o->verify_stall_ms = (uint64_t)ncfsm__env_ll("NCFSM_VERIFY_STALL_MS", 5000);
   const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
   o->on_error = !strcmp(p, "stay")     ? NCFSM_ON_ERROR_STAY
@@ -176,27 +177,32 @@ ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
   ncfsm_result_t r;
   if (ncfsm__check_legal(c, NCFSM_CALL_INIT, &r) == NCFSM_REJECT) goto out;
   r = NCFSM_ERR_INVALID_ARGUMENT;
-  if (!boot || size < 1 || rank < 0 || rank >= size ||
-      (size_t)size > SIZE_MAX / NCFSM_UNIQUE_ID_BYTES) {
+  if (!boot || size < 1 || rank < 0 || rank >= size) {
     ncfsm__set_error(c, "ncfsm_comm_init_boot: %s (rank %d of %d); open the bootstrap with "
                         "ncfsm_boot_open on this loop's event_base first",
                      !boot ? "boot is NULL" : "the bootstrap reports an invalid rank or size", rank,
                      size);
     goto out;
   }
-  /* Only after the legality check: rank 0 makes the id the others receive. */
-  ncfsm_unique_id id;
-  memset(&id, 0, sizeof id);
-  if (rank == 0 && ncfsm_get_unique_id(c->opts.backend, &id) != NCFSM_OK) {
-    ncfsm__set_error(c, "ncfsm_comm_init_boot: the %s backend could not make a unique id", c->be->name);
-    r = NCFSM_ERR_BACKEND;
-    goto out;
-  }
-  char *buf = malloc((size_t)size * NCFSM_UNIQUE_ID_BYTES);
+  /* Only after the legality check: the roots (rank 0, or opts.init_roots
+   * ranks spread over the job) make the ids the others receive by broadcast
+   * (O(n) bytes through the bootstrap; docs/bootstrap.md). */
+  int nroots = c->opts.init_roots < 1 ? 1 : c->opts.init_roots > size ? size : c->opts.init_roots;
+  char *buf = calloc((size_t)nroots, NCFSM_UNIQUE_ID_BYTES);
   if (!buf) {
     r = NCFSM_ERR_NO_MEMORY;
     goto out;
   }
+  for (int j = 0; j < nroots; j++)
+    if (ncfsm_boot_root_of(size, nroots, j) == rank &&
+        ncfsm_get_unique_id(c->opts.backend, (ncfsm_unique_id *)(buf + (size_t)j * NCFSM_UNIQUE_ID_BYTES)) != NCFSM_OK) {
+      ncfsm__set_error(c, "ncfsm_comm_init_boot: the %s backend could not make a unique id", c->be->name);
+      free(buf);
+      r = NCFSM_ERR_BACKEND;
+      goto out;
+    }
+  ncfsm_unique_id id;
+  memcpy(&id, buf, sizeof id); /* rank 0's (root 0's) once the broadcast is done */
   /* INIT and the pending exchange under one lock: the loop thread posts the
    * exchange at its next turn (the bootstrap is driven by its base's thread). */
   r = comm_init_locked(c, size, rank, &id);
@@ -204,6 +210,7 @@ ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
     c->boot = boot;
     if (c->opts.verify != NCFSM_VERIFY_OFF && size > 1) c->vboot = boot;
     c->uid_buf = buf;
+    c->nroots = nroots;
     ncfsm__loop_wake(loop);
   } else {
     free(buf);

@@ -140,7 +140,8 @@ struct ncfsm_comm {
   uint64_t sround;    /* strict: exchanges posted so far (the same count on every rank) */
   bool snomem;        /* strict: an exchange could not be allocated; the comm fails */
   ncfsm_work *mismatched; /* strict: the work whose fingerprints differ (act_fail_mismatched) */
-  char *uid_buf;                  /* size * NCFSM_UNIQUE_ID_BYTES */
+  char *uid_buf;                  /* nroots * NCFSM_UNIQUE_ID_BYTES: the roots' ids, broadcast */
+  int nroots;                     /* ncfsm_comm_init_boot: roots of the unique ids (1: rank 0) */
   int async_code;     /* backend code of the failure that moved it to ERROR */
   ncfsm_result_t cause;
   ncfsm_event_t fail_ev; /* ASYNC_ERROR or TIMEOUT while act_fail_pending runs */

@@ -336,7 +336,7 @@ static bool uid_known(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   if (!c->uid_req) {
     ncfsm_boot_req *req = NULL;
-    ncfsm_result_t br = ncfsm_boot_allgather_post(c->boot, &c->uid, c->uid_buf, NCFSM_UNIQUE_ID_BYTES, &req);
+    ncfsm_result_t br = ncfsm_boot_bcast_roots_post(c->boot, c->uid_buf, NCFSM_UNIQUE_ID_BYTES, c->nroots, &req);
     if (br != NCFSM_OK) {
       char what[320];
       snprintf(what, sizeof what, "the bootstrap refused the unique id exchange: %s",
@@ -363,10 +363,13 @@ static bool uid_known(ncfsm_comm *c) {
                      "unique id exchange through the bootstrap");
     return false;
   }
-  memcpy(&c->uid, c->uid_buf, sizeof c->uid); /* rank 0's id */
-  c->comm_id = XXH3_64bits(&c->uid, sizeof c->uid); /* the same on every rank from here */
-  free(c->uid_buf);
-  c->uid_buf = NULL;
+  memcpy(&c->uid, c->uid_buf, sizeof c->uid); /* root 0's (rank 0's) id */
+  /* the same on every rank from here (one root: the hash of rank 0's id, as before) */
+  c->comm_id = XXH3_64bits(c->uid_buf, (size_t)c->nroots * NCFSM_UNIQUE_ID_BYTES);
+  if (c->nroots == 1) { /* several: kept for ncclCommInitRankScalable, freed at the init */
+    free(c->uid_buf);
+    c->uid_buf = NULL;
+  }
   return true;
 }
 
@@ -414,13 +417,20 @@ static void issue_inits(ncfsm_loop *loop) {
     ncfsm_comm *c = inits[i];
     ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
     rcs[i].bcomm = NULL;
-    rcs[i].rc = IS_ERR(grc) ? grc : c->be->comm_init(&rcs[i].bcomm, c->nranks, &c->uid, c->rank, &cfg);
+    unsigned feat = c->be->features();
+    bool scalable = c->nroots > 1 && c->uid_buf && c->be->comm_init_scalable && (feat & NCFSM__HAS_INIT_SCALABLE);
+    rcs[i].rc = IS_ERR(grc) ? grc
+                : scalable  ? c->be->comm_init_scalable(&rcs[i].bcomm, c->nranks, (const ncfsm_unique_id *)c->uid_buf,
+                                                        c->nroots, c->rank, &cfg)
+                            : c->be->comm_init(&rcs[i].bcomm, c->nranks, &c->uid, c->rank, &cfg);
   }
   if (grouped && !IS_ERR(grc)) grc = be->group_end();
   if (unlock) pthread_mutex_lock(&loop->mu);
   for (int i = 0; i < n; i++) {
     inits[i]->refs--; /* the user still holds each: never the last */
     inits[i]->bcomm = rcs[i].bcomm;
+    free(inits[i]->uid_buf); /* the roots' ids (several roots): used by the init just made */
+    inits[i]->uid_buf = NULL;
   }
   for (int i = 0; i < n; i++) {
     ncfsm_comm *c = inits[i];

@@ -283,6 +283,10 @@ typedef struct ncfsm_comm_opts {
   unsigned verify_window;       /* collectives per exchange (default 64; NCFSM_VERIFY_WINDOW) */
   uint64_t verify_stall_ms;     /* async/strict: an exchange not done by then fails the comm (default 5000;
                                    NCFSM_VERIFY_STALL_MS; 0 = never) */
+  int init_roots;               /* ncfsm_comm_init_boot: unique ids made by this many roots (ranks
+                                   floor(j*size/roots)), shared by a broadcast; > 1 initialises with
+                                   ncclCommInitRankScalable where the runtime has it (NCCL 2.23+),
+                                   else with the first id (default 1 or NCFSM_INIT_ROOTS) */
   const char *dump_dir;         /* where the recorder is dumped on every error and watchdog expiry (and
                                    on SIGUSR1 with ncfsm_loop_opts.dump_on_signal); NULL or "" = no
                                    automatic dumps (default NCFSM_DUMP_DIR) */

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "core/log.h"
 #include "core/sim/sim-faults.h"
 #include "core/sim/sim-internal.h"
@@ -172,6 +174,7 @@ static unsigned sim_features(void) {
   if (v >= 22807) f |= NCFSM__HAS_REVOKE; /* R6 */
   if (v >= 22703) f |= NCFSM__HAS_SHRINK; /* R7 */
   if (v >= 22900) f |= NCFSM__HAS_GROW;   /* ncclCommGrow, ncclCommGetUniqueId */
+  if (v >= 22304) f |= NCFSM__HAS_INIT_SCALABLE; /* ncclCommInitRankScalable */
   return f;
 }
 
@@ -238,6 +241,42 @@ static int sim_get_unique_id(ncfsm_unique_id *id) {
 }
 
 /* ---- communicators ------------------------------------------------------------ */
+
+static int sim_comm_init(void **bcomm, int nranks, const ncfsm_unique_id *id, int rank,
+                         const ncfsm__comm_config *cfg);
+
+/* ncclCommInitRankScalable: the clique is keyed by all nids ids, in order
+ * (a rank passing other ids never meets the others, as with NCCL); each id
+ * must be the sim's. Otherwise it is comm_init. */
+static int sim_comm_init_scalable(void **bcomm, int nranks, const ncfsm_unique_id *ids, int nids, int rank,
+                                  const ncfsm__comm_config *cfg) {
+  if (bcomm) *bcomm = NULL;
+  if (sim_version() < 22304) {
+    LOCK();
+    ncfsm__sim_warn("ncclCommInitRankScalable needs NCCL 2.23.4 (modelled %d)", sim_version());
+    UNLOCK();
+    return E_USAGE;
+  }
+  if (!ids || nids < 1 || nids > nranks) {
+    LOCK();
+    ncfsm__sim_warn("ncclCommInitRankScalable: nId %d is not in [1, nranks %d]", nids, nranks);
+    UNLOCK();
+    return E_ARG;
+  }
+  for (int j = 0; j < nids; j++)
+    if (memcmp(ids[j].internal + SIM_ID_KEY_LEN, SIM_ID_TAG, SIM_ID_TAG_LEN)) {
+      LOCK();
+      ncfsm__sim_warn("ncclCommInitRankScalable: unique id %d was not made by the sim's get_unique_id", j);
+      UNLOCK();
+      return E_ARG;
+    }
+  ncfsm_unique_id key;
+  memset(&key, 0, sizeof key);
+  XXH128_hash_t h = XXH3_128bits(ids, (size_t)nids * sizeof *ids);
+  memcpy(key.internal, &h, SIM_ID_KEY_LEN);
+  memcpy(key.internal + SIM_ID_KEY_LEN, SIM_ID_TAG, SIM_ID_TAG_LEN);
+  return sim_comm_init(bcomm, nranks, &key, rank, cfg);
+}
 
 static sim_comm *comm_of(void *bcomm) {
   sim_comm *c = bcomm;
@@ -2081,6 +2120,7 @@ const ncfsm__backend ncfsm__backend_sim = {
     .comm_features = sim_comm_features,
     .get_unique_id = sim_get_unique_id,
     .comm_init = sim_comm_init,
+    .comm_init_scalable = sim_comm_init_scalable,
     .get_async_error = sim_get_async_error,
     .group_start = sim_group_start,
     .group_end = sim_group_end,

@@ -1,7 +1,11 @@
 /* ncfsm_comm_init_boot: the unique id travels through a bootstrap (here the
- * in-process one), each rank on its own thread with its own loop. */
+ * in-process one) by broadcast, each rank on its own thread with its own
+ * loop; with opts.init_roots 3 every rank is a root, and the sim's
+ * ncclCommInitRankScalable (keyed by all three ids) initialises the comm;
+ * on a runtime without it (2.23.0) the first id is used. */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "helpers.h"
@@ -10,6 +14,8 @@
 #define N 3
 
 static const char *fail_at[N];
+static int roots;
+static const char *group;
 static int32_t result[N][4];
 
 #define CHECK(cond)                   \
@@ -30,7 +36,7 @@ static void *rank_main(void *arg) {
   ncfsm_boot_opts bo;
   ncfsm_boot_opts_init(&bo);
   bo.kind = NCFSM_BOOT_LOCAL;
-  bo.local_group = "test_boot_init";
+  bo.local_group = group;
   bo.rank = rank;
   bo.size = N;
   CHECK(ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &boot) == NCFSM_OK);
@@ -40,6 +46,7 @@ static void *rank_main(void *arg) {
   ncfsm_comm_opts_init(&o);
   o.backend = NCFSM_BACKEND_SIM;
   o.sim = &so;
+  o.init_roots = roots;
   CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
   CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
   CHECK(ncfsm_comm_state(c) == NCFSM_STATE_INIT_QUEUED);
@@ -61,8 +68,11 @@ out:
   return NULL;
 }
 
-static void test_init_through_local_bootstrap(void **state) {
-  (void)state;
+static void run(int nroots, const char *g) {
+  roots = nroots;
+  group = g;
+  memset(fail_at, 0, sizeof fail_at);
+  memset(result, 0, sizeof result);
   pthread_t th[N];
   for (int r = 0; r < N; r++) pthread_create(&th[r], NULL, rank_main, (void *)(intptr_t)r);
   for (int r = 0; r < N; r++) pthread_join(th[r], NULL);
@@ -72,7 +82,25 @@ static void test_init_through_local_bootstrap(void **state) {
     for (int i = 0; i < 4; i++) assert_int_equal(result[r][i], 1 + 2 + 3);
 }
 
+static void test_init_through_local_bootstrap(void **state) {
+  (void)state;
+  run(1, "boot-init-1");
+}
+
+static void test_scalable_init(void **state) {
+  (void)state;
+  run(3, "boot-init-3");
+}
+
+static void test_scalable_fallback(void **state) {
+  (void)state;
+  setenv("NCFSM_SIM_NCCL_VERSION", "22300", 1); /* before ncclCommInitRankScalable */
+  run(3, "boot-init-3-old");
+  unsetenv("NCFSM_SIM_NCCL_VERSION");
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_init_through_local_bootstrap)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_init_through_local_bootstrap),
+                                     cmocka_unit_test(test_scalable_init), cmocka_unit_test(test_scalable_fallback)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
