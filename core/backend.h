@@ -112,6 +112,10 @@ typedef struct ncfsm__backend {
    * the same on every rank, in order. NULL or no HAS_INIT_SCALABLE: comm_init. */
   int (*comm_init_scalable)(void **bcomm, int nranks, const ncfsm_unique_id *ids, int nids, int rank,
                             const ncfsm__comm_config *cfg);
+  /* cudaLaunchHostFunc: fn(arg) once everything enqueued on stream so far has
+   * completed, on a thread of the runtime (fn must not call the backend).
+   * Optional (NULL: completion is seen by polling the events only). */
+  int (*host_notify)(void *stream, void (*fn)(void *), void *arg);
   /* ncclCommUserRank + ncclCommCount: a split child's rank and size are known
    * only to NCCL (they depend on every rank's color and key). */
   int (*comm_rank_size)(void *bcomm, int *rank, int *size);

@@ -118,6 +118,7 @@ typedef ncclResult_t (*ncfsm__nccl_comm_grow_fn)(ncclComm_t comm, int nRanks, co
   X(cudaDriverGetVersion)     \
   X(cudaStreamCreateWithFlags) \
   X(cudaStreamDestroy)        \
+  X(cudaLaunchHostFunc)       \
   X(cudaEventCreateWithFlags) \
   X(cudaEventRecord)          \
   X(cudaEventQuery)           \
@@ -588,6 +589,12 @@ static int b_comm_init_scalable(void **bcomm, int nranks, const ncfsm_unique_id 
   return nres(r);
 }
 
+/* cudaLaunchHostFunc: fn runs on a CUDA thread once the stream reaches this point. */
+static int b_host_notify(void *stream, void (*fn)(void *), void *arg) {
+  if (not_usable()) return ncclSystemError;
+  return (int)rt.cudaLaunchHostFunc((cudaStream_t)stream, (cudaHostFn_t)fn, arg);
+}
+
 static void pend_resolve(nccl_bcomm *bc);
 
 static int b_get_async_error(void *bcomm, int *state) {
@@ -960,6 +967,7 @@ const ncfsm__backend ncfsm__backend_nccl = {
     .get_unique_id = b_get_unique_id,
     .comm_init = b_comm_init,
     .comm_init_scalable = b_comm_init_scalable,
+    .host_notify = b_host_notify,
     .get_async_error = b_get_async_error,
     .group_start = b_group_start,
     .group_end = b_group_end,

@@ -169,6 +169,7 @@ struct ncfsm_comm {
   uint64_t nsplits;         /* parent: calls issued (child comm ids derive from it) */
   bool was_revoked;         /* guard WAS_REVOKED: a shrink of a revoked comm */
   bool ready_once;          /* its init completed (a recovery may shrink it) */
+  bool failing;             /* ncfsm__comm_fail is observing completions first (no re-entry) */
   bool grow_id_made;        /* ncfsm_comm_grow_id ran here: this rank passes the id to NCCL */
   struct ncfsm__recovery *recovery; /* fsm/recover.c: armed or running (NULL: none) */
   uint64_t state_since_ns; /* when it entered its current state */
@@ -189,6 +190,19 @@ typedef struct ncfsm__stats {
   uint64_t works_final[NCFSM_WORK_STATE_COUNT];           /* works that reached each final state */
 } ncfsm__stats;
 
+/* Push completion (ncfsm_loop_opts.completion PUSH): what a stream's host
+ * function reaches, on a thread of the runtime. It outlives the loop while
+ * host functions are pending (the loop's close detaches it first). */
+typedef struct ncfsm__notifier {
+  pthread_mutex_t mu;
+  int refs;                /* the loop's, and one per pending host function */
+  ncfsm_loop *loop;        /* NULL once the loop closed */
+  _Atomic uint64_t posted; /* host functions enqueued */
+  _Atomic uint64_t wakes;  /* ... that woke the loop */
+} ncfsm__notifier;
+/* Enqueue a host function on stream that wakes loop (false: not possible; polls cover it). */
+bool ncfsm__push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream);
+
 typedef struct ncfsm__call_req {
   void (*fn)(void *);
   void *arg;
@@ -205,6 +219,7 @@ struct ncfsm_loop {
   struct event *ev_wake; /* cross-thread wakeup, launches, notifications */
   struct event *ev_poll; /* progress timer */
   bool poll_armed;
+  bool push_armed;       /* the armed poll is push completion's slow fallback timer */
   bool kick;             /* something needs a turn (launch, init, abort, finalize) */
   bool poll_now;         /* an immediate re-poll is due (own base: turned directly) */
   unsigned poll_iter;
@@ -220,6 +235,7 @@ struct ncfsm_loop {
   int ncomms;
   ncfsm__stats stats;    /* introspection counters */
   struct ncfsm__recovery *recoveries; /* fsm/recover.c */
+  ncfsm__notifier *notifier;          /* push completion (NULL: poll) */
   int nqueued;           /* batches in launch queues (all comms) */
   uint64_t batch_order;  /* the last batch's order */
   uint64_t launch_id;    /* the last launch's id (flight recorder "group") */
@@ -371,6 +387,7 @@ void ncfsm__split_orphan(ncfsm_comm *parent, const char *why);
 /* With the lock: an armed comm failed; its recovery starts (once). */
 void ncfsm__recover_start(ncfsm_comm *c, const char *why);
 void ncfsm__recover_free_all(ncfsm_loop *loop);
+void ncfsm__recover_cancel_all(ncfsm_loop *loop);
 void ncfsm__recover_detach(ncfsm_comm *c);
 
 /* ---- progress.c ---- */

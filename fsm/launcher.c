@@ -605,7 +605,9 @@ void ncfsm__launch_final(ncfsm_comm *c) {
       if (ms[i].stream == w->op.stream) m = ms[i].mark;
     if (!m) {
       if (nms == 8) { /* flush: record the marks taken so far */
-        for (int i = 0; i < nms; i++) c->be->event_record(ms[i].mark->event, ms[i].stream);
+        for (int i = 0; i < nms; i++)
+          if (c->be->event_record(ms[i].mark->event, ms[i].stream) == 0)
+            ncfsm__push_notify(c->loop, c->be, ms[i].stream);
         nms = 0;
       }
       m = ncfsm__mark_get(c);
@@ -653,8 +655,10 @@ void ncfsm__launch_final(ncfsm_comm *c) {
     if (rc != 0) {
       NCFSM_WARN(NCFSM__SUB_FSM, "[%s] event record failed (%d)", c->name, rc);
       fail_marked(c, ms[i].mark);
-    } else if (c->opts.timing) { /* the seed's question: is the work done right after the launch? */
-      ms[i].mark->ready_at_final = c->be->event_query(ms[i].mark->event) == 0;
+      continue;
     }
+    if (c->opts.timing) /* the seed's question: is the work done right after the launch? */
+      ms[i].mark->ready_at_final = c->be->event_query(ms[i].mark->event) == 0;
+    ncfsm__push_notify(c->loop, c->be, ms[i].stream); /* push: the stream wakes the loop past its event */
   }
 }

@@ -30,6 +30,12 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
   o->coalesce_max = (unsigned)ncfsm__env_ll("NCFSM_COALESCE_MAX", 64);
   o->dump_on_signal = (int)ncfsm__env_ll("NCFSM_DUMP_SIGNAL", 0);
   if (o->coalesce_max == 0) o->coalesce_max = 1;
+  const char *cm = ncfsm__env_str("NCFSM_COMPLETION", "poll");
+  o->completion = !strcmp(cm, "push") ? NCFSM_COMPLETION_PUSH : NCFSM_COMPLETION_POLL;
+  if (strcmp(cm, "push") && strcmp(cm, "poll"))
+    NCFSM_WARN(NCFSM__SUB_LOOP, "NCFSM_COMPLETION=%s is not poll or push: poll", cm);
+  o->push_fallback_us = (unsigned)ncfsm__env_ll("NCFSM_PUSH_FALLBACK_US", 10000);
+  if (o->push_fallback_us == 0) o->push_fallback_us = 1;
 }
 
 /* Loop-level errors are per thread (ncfsm_loop_last_error). */
@@ -87,6 +93,63 @@ void ncfsm__loop_kick_async(ncfsm_loop *loop) {
   event_active(loop->ev_wake, EV_READ, 0);
 }
 
+/* ---- push completion ------------------------------------------------------------ */
+
+static void notifier_unref(ncfsm__notifier *n) {
+  pthread_mutex_lock(&n->mu);
+  bool last = --n->refs == 0;
+  pthread_mutex_unlock(&n->mu);
+  if (last) {
+    pthread_mutex_destroy(&n->mu);
+    free(n);
+  }
+}
+
+/* On a runtime thread: the stream reached the point after a launch's
+ * completion event. Touches nothing of the loop but its wake event. */
+static void push_cb(void *arg) {
+  ncfsm__notifier *n = arg;
+  pthread_mutex_lock(&n->mu);
+  if (n->loop) {
+    atomic_fetch_add(&n->wakes, 1);
+    ncfsm__loop_kick_async(n->loop);
+  }
+  pthread_mutex_unlock(&n->mu);
+  notifier_unref(n);
+}
+
+bool ncfsm__push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream) {
+  ncfsm__notifier *n = loop->notifier;
+  if (!n || !be->host_notify || loop->opts.completion != NCFSM_COMPLETION_PUSH) return false;
+  pthread_mutex_lock(&n->mu);
+  n->refs++;
+  pthread_mutex_unlock(&n->mu);
+  int rc = be->host_notify(stream, push_cb, n);
+  if (rc != 0) {
+    notifier_unref(n);
+    NCFSM_WARN(NCFSM__SUB_LOOP, "push completion: the backend could not enqueue a host function (%d); the "
+                                "loop polls instead", rc);
+    loop->opts.completion = NCFSM_COMPLETION_POLL;
+    return false;
+  }
+  atomic_fetch_add(&n->posted, 1);
+  return true;
+}
+
+/* Push covers what is pending: only works in flight wait (no NCCL call in
+ * progress, no launch, no exchange, no control work): their streams wake
+ * the loop, and a slow timer is the fallback (and the R10 watch). */
+static bool push_covers(ncfsm_loop *loop) {
+  if (loop->opts.completion != NCFSM_COMPLETION_PUSH || !loop->notifier || loop->ctl || loop->nqueued) return false;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    unsigned f = ncfsm_state_flags(c->state);
+    if ((f & NCFSM_SF_POLL) || c->launching || c->vq_head || c->sf_head || c->sp_head ||
+        c->state == NCFSM_STATE_DRAINING || c->state == NCFSM_STATE_ABORT_QUEUED)
+      return false;
+  }
+  return true;
+}
+
 /* Adaptive progress schedule: immediate re-polls after the last progress
  * (at least poll_burst of them, and for at least poll_burst_us, which covers
  * a small collective's round trip), then intervals doubling from 1 us up to
@@ -97,7 +160,19 @@ void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
     loop->backoff = 0;
     loop->burst_start_ns = ncfsm__now_ns();
   }
+  bool covered = push_covers(loop);
+  if (loop->poll_armed && loop->push_armed && !covered) { /* something needs polls again: drop the slow timer */
+    evtimer_del(loop->ev_poll);
+    loop->poll_armed = loop->push_armed = false;
+  }
   if (loop->poll_armed) return;
+  if (covered) {
+    struct timeval ptv = {(time_t)(loop->opts.push_fallback_us / 1000000),
+                          (suseconds_t)(loop->opts.push_fallback_us % 1000000)};
+    loop->poll_armed = loop->push_armed = true;
+    evtimer_add(loop->ev_poll, &ptv);
+    return;
+  }
   bool immediate = loop->poll_iter < loop->opts.poll_burst ||
                    ncfsm__now_ns() - loop->burst_start_ns < (uint64_t)loop->opts.poll_burst_us * 1000;
   if (immediate) {
@@ -167,7 +242,7 @@ static void turn(ncfsm_loop *loop, bool poll) {
   tls_in_turn = loop;
   pthread_mutex_lock(&loop->mu);
   set_runner(loop);
-  if (poll || loop->poll_now) loop->poll_armed = false;
+  if (poll || loop->poll_now) loop->poll_armed = loop->push_armed = false;
   loop->poll_now = false;
   loop->kick = false;
   if (atomic_exchange(&loop->async_kick, 0)) loop->ctl = true;
@@ -278,6 +353,17 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
     if (!loop->ev_signal || event_add(loop->ev_signal, NULL) != 0)
       NCFSM_WARN(NCFSM__SUB_FSM, "ncfsm_loop: cannot take SIGUSR1 for flight recorder dumps (another "
                  "event_base of this process has it?); dumps on request still work");
+  }
+  if (loop->opts.completion == NCFSM_COMPLETION_PUSH) {
+    ncfsm__notifier *n = calloc(1, sizeof *n);
+    if (n) {
+      pthread_mutex_init(&n->mu, NULL);
+      n->refs = 1;
+      n->loop = loop;
+      loop->notifier = n;
+    } else {
+      loop->opts.completion = NCFSM_COMPLETION_POLL; /* polls cover it */
+    }
   }
   loop->group_err = NCFSM_OK;
   loop->id = atomic_fetch_add(&loop_ids, 1) + 1;
@@ -445,6 +531,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
                             "returns, from outside the loop");
     return NCFSM_ERR_INVALID_USAGE;
   }
+  ncfsm__recover_cancel_all(loop); /* their steps will not run again */
   pthread_mutex_lock(&loop->mu);
   int open = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
@@ -475,6 +562,13 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   ncfsm__recover_free_all(loop);
   ncfsm__comm_free_all(loop);
   pthread_mutex_unlock(&loop->mu);
+  if (loop->notifier) { /* before the wake event goes: a host function may be running */
+    pthread_mutex_lock(&loop->notifier->mu);
+    loop->notifier->loop = NULL;
+    pthread_mutex_unlock(&loop->notifier->mu);
+    notifier_unref(loop->notifier);
+    loop->notifier = NULL;
+  }
   event_free(loop->ev_wake);
   event_free(loop->ev_poll);
   if (loop->ev_signal) event_free(loop->ev_signal);

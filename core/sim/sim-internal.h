@@ -47,7 +47,18 @@ typedef struct sim_stream {
   uint8_t *fl;    /* ring: completion flags of tickets done+1..enq */
   size_t cap;     /* ring capacity (power of two, or 0) */
   size_t head;    /* ring index of ticket done+1 */
+  struct sim_note *notes, *notes_tail; /* host_notify: fn runs once done >= target (FIFO) */
 } sim_stream;
+
+typedef struct sim_note {
+  uint64_t target;
+  void (*fn)(void *);
+  void *arg;
+  struct sim_note *next;
+} sim_note;
+
+/* cudaLaunchHostFunc: fn(arg) once everything posted on stream so far completed. */
+int ncfsm__sim_host_notify(void *stream, void (*fn)(void *), void *arg);
 
 typedef struct sim_event {
   uint32_t magic;

@@ -2136,6 +2136,7 @@ const ncfsm__backend ncfsm__backend_sim = {
     .comm_rank_size = sim_comm_rank_size,
     .last_error = sim_last_error,
     .stream_create = ncfsm__sim_stream_create,
+    .host_notify = ncfsm__sim_host_notify,
     .stream_destroy = ncfsm__sim_stream_destroy,
     .stream_device = ncfsm__sim_stream_device,
     .event_create = ncfsm__sim_event_create,

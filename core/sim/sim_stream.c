@@ -57,6 +57,19 @@ int ncfsm__sim_stream_enqueue(sim_stream *s, uint64_t *ticket) {
   return 0;
 }
 
+/* Host functions whose point the stream has reached run now (as CUDA runs
+ * them on its own thread: they must not call back into the sim). */
+static void run_notes(sim_stream *s) {
+  while (s->notes && s->notes->target <= s->done) {
+    sim_note *n = s->notes;
+    s->notes = n->next;
+    if (!s->notes) s->notes_tail = NULL;
+    n->fn(n->arg);
+    free(n);
+    s->refs--;
+  }
+}
+
 void ncfsm__sim_stream_complete(sim_stream *s, uint64_t t) {
   size_t k = (size_t)(t - s->done - 1);
   s->fl[(s->head + k) & (s->cap - 1)] = 1;
@@ -66,7 +79,34 @@ void ncfsm__sim_stream_complete(sim_stream *s, uint64_t t) {
     s->done++;
   }
   s->refs--;
+  run_notes(s);
   stream_maybe_free(s);
+}
+
+int ncfsm__sim_host_notify(void *stream, void (*fn)(void *), void *arg) {
+  if (!fn) return SIM_CUDA_INVALID_VALUE;
+  LOCK();
+  int rc = 0;
+  if (!ncfsm__sim_stream_valid(stream)) {
+    rc = SIM_CUDA_INVALID_HANDLE;
+  } else {
+    sim_stream *s = stream;
+    sim_note *n = calloc(1, sizeof *n);
+    if (!n) {
+      rc = SIM_CUDA_NO_MEMORY;
+    } else {
+      n->target = s->enq;
+      n->fn = fn;
+      n->arg = arg;
+      if (s->notes_tail) s->notes_tail->next = n;
+      else s->notes = n;
+      s->notes_tail = n;
+      s->refs++;
+      run_notes(s); /* nothing pending: it runs at once */
+    }
+  }
+  UNLOCK();
+  return rc;
 }
 
 int ncfsm__sim_stream_create(int device, void **stream) {

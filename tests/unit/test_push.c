@@ -1,0 +1,124 @@
+/*
+ * Push completion (ncfsm_loop_opts.completion = NCFSM_COMPLETION_PUSH;
+ * issue 11, item 2): after each launch's completion event the stream wakes
+ * the loop (the backend's host_notify: cudaLaunchHostFunc on NCCL; the sim
+ * runs it when its progress reaches that point), and while only works in
+ * flight wait the loop polls at push_fallback_us. Checked on the sim: every
+ * work completes with the right data, host functions were enqueued and woke
+ * the loop, a state that needs polls (a launch in progress) still gets its
+ * burst, and a loop closed while host functions are pending frees nothing
+ * they still use (the notifier outlives the loop: ASan).
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fsm/internal.h"
+#include "helpers.h"
+
+static int32_t buf[2][64][16];
+static int done_ok, done_bad;
+static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  (void)arg;
+  st == NCFSM_OK ? done_ok++ : done_bad++;
+}
+
+static ncfsm_loop *push_loop(unsigned fallback_us) {
+  ncfsm_loop_opts lo;
+  ncfsm_loop_opts_init(&lo);
+  lo.completion = NCFSM_COMPLETION_PUSH;
+  lo.push_fallback_us = fallback_us;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(&lo, &loop), NCFSM_OK);
+  return loop;
+}
+
+static void make_ready(ncfsm_loop *loop, ncfsm_comm **c, int n, ncfsm_sim_opts *so) {
+  ncfsm_comm_opts o;
+  test_comm_opts(&o, so);
+  make_comms(loop, n, &o, c, 0);
+  for (int r = 0; r < n; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
+}
+
+static void test_push_completes(void **state) {
+  (void)state;
+  ncfsm_loop *loop = push_loop(10000);
+  ncfsm_sim_opts so;
+  test_sim_opts(&so);
+  so.launch_polls = 2;
+  ncfsm_comm *c[2];
+  make_ready(loop, c, 2, &so);
+  done_ok = done_bad = 0;
+  for (int k = 0; k < 64; k++)
+    for (int r = 0; r < 2; r++) {
+      for (int i = 0; i < 16; i++) buf[r][k][i] = r + k;
+      assert_int_equal(ncfsm_allreduce(c[r], buf[r][k], buf[r][k], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                                       NULL),
+                       NCFSM_OK);
+    }
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_int_equal(done_ok, 128);
+  assert_int_equal(done_bad, 0);
+  for (int k = 0; k < 64; k++)
+    for (int r = 0; r < 2; r++) assert_int_equal(buf[r][k][15], 2 * k + 1);
+  ncfsm__notifier *n = loop->notifier;
+  assert_non_null(n);
+  printf("push: %llu host functions enqueued, %llu woke the loop\n", (unsigned long long)atomic_load(&n->posted),
+         (unsigned long long)atomic_load(&n->wakes));
+  assert_true(atomic_load(&n->posted) > 0);
+  assert_true(atomic_load(&n->wakes) > 0);
+  teardown_all(loop, c, 2);
+}
+
+/* A work that never completes (its peer never posts): the slow fallback
+ * timer may be armed; the abort must still go through at once, and the loop
+ * may close while the host function of the dropped op is pending. */
+static void test_push_close_with_pending(void **state) {
+  (void)state;
+  ncfsm_loop *loop = push_loop(1000000); /* a fallback far longer than the test */
+  ncfsm_sim_opts so;
+  test_sim_opts(&so);
+  ncfsm_comm *c[2];
+  make_ready(loop, c, 2, &so);
+  done_ok = done_bad = 0;
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0][0], buf[0][0], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                                   NULL),
+                   NCFSM_OK);
+  run_turns(loop, 20);
+  assert_int_equal(done_ok + done_bad, 0);
+  assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
+  run_turns(loop, 2);
+  assert_int_equal(done_bad, 1);
+  teardown_all(loop, c, 2);
+}
+
+/* With push on, a launch whose group end stays in progress still gets the
+ * immediate polls of R2 (not the slow fallback): it completes within a few
+ * turns of NOWAIT runs. */
+static void test_push_keeps_launch_polls(void **state) {
+  (void)state;
+  ncfsm_loop *loop = push_loop(1000000);
+  ncfsm_sim_opts so;
+  test_sim_opts(&so);
+  so.launch_polls = 3;
+  ncfsm_comm *c[2];
+  make_ready(loop, c, 2, &so);
+  done_ok = done_bad = 0;
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ncfsm_allreduce(c[r], buf[r][1], buf[r][1], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                                     NULL),
+                     NCFSM_OK);
+  for (int i = 0; i < 200 && done_ok < 2; i++) run_turns(loop, 1);
+  assert_int_equal(done_ok, 2);
+  teardown_all(loop, c, 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_push_completes),
+      cmocka_unit_test(test_push_close_with_pending),
+      cmocka_unit_test(test_push_keeps_launch_polls),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
