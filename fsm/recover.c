@@ -186,6 +186,14 @@ static void step(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   struct ncfsm__recovery *r = arg;
   ncfsm_comm *old = r->old;
+  if (r->phase != P_ARMED && r->phase != P_DONE) {
+    ncfsm_state_t os = ncfsm_comm_state(old);
+    if (r->phase < P_PLAN && (os == NCFSM_STATE_CLOSED || os == NCFSM_STATE_CLOSING)) {
+      /* the program aborted the comm meanwhile (e.g. at its end): nothing to replace */
+      fail_recovery(r, "the communicator was aborted before its recovery could replace it", ncfsm_comm_failure(old));
+      return;
+    }
+  }
   switch (r->phase) {
     case P_ARMED:
     case P_DONE: return;
@@ -434,6 +442,36 @@ ncfsm_result_t ncfsm_comm_recover(ncfsm_comm *c) {
   }
   UNLOCK(c->loop);
   return r;
+}
+
+/* ncfsm_loop_close, before anything else: a recovery still running (its
+ * steps will never run again) lets go of what it holds (its new comm, the
+ * survivors' bootstrap, its requests, its reference on the old comm),
+ * without a report. Without the lock. */
+void ncfsm__recover_cancel_all(ncfsm_loop *loop) {
+  for (;;) {
+    LOCK(loop);
+    struct ncfsm__recovery *r = loop->recoveries;
+    while (r && (r->phase == P_ARMED || r->phase == P_DONE)) r = r->next;
+    if (r) r->phase = P_DONE;
+    UNLOCK(loop);
+    if (!r) return;
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery cancelled: the loop closes", r->old ? r->old->name : "?");
+    evtimer_del(r->timer);
+    if (r->agree) ncfsm_boot_req_free(r->agree);
+    if (r->vote_req) ncfsm_boot_req_free(r->vote_req);
+    r->agree = r->vote_req = NULL;
+    if (r->fresh) {
+      if (ncfsm_comm_state(r->fresh) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(r->fresh);
+      ncfsm_comm_release(r->fresh);
+      r->fresh = NULL;
+    }
+    if (r->sub) ncfsm_boot_close(r->sub);
+    r->sub = NULL;
+    LOCK(loop);
+    if (r->old) ncfsm__comm_unref(r->old); /* the reference taken at its start */
+    UNLOCK(loop);
+  }
 }
 
 /* Loop close: pending recoveries end without a report. */

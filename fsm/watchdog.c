@@ -68,6 +68,17 @@ void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int
                      ncfsm_state_name(from), closed ? "ncfsm_comm_release" : "ncfsm_comm_abort");
     return;
   }
+  /* What completed before the failure keeps its result: observe the
+   * completion events once more before every unfinished work fails (as revoke
+   * does). Found with push completion: a rank lost right after a collective
+   * completed everywhere failed it on a survivor whose event had not been
+   * polled yet, and that survivor then redid a step the others had done. */
+  if (!c->failing && c->nsq && ncfsm__has(c, NCFSM_SF_WORKS)) {
+    c->failing = true;
+    ncfsm__drain(c);
+    c->failing = false;
+    if (!ncfsm__can_fire(c, ev)) return; /* the drain found a failure of its own */
+  }
   c->async_code = code;
   c->cause = cause;
   ncfsm__set_error(c, "%s; outputs of unfinished works are untrusted; abort the communicator (R10)", msg);

@@ -171,6 +171,23 @@ static int report(const char *dir, int np, int victim, const char *exits, bool c
   return check && fail ? 1 : 0;
 }
 
+/* The application's commit point, after every recovery: the survivors may
+ * have seen different last iterations (the dead rank may have finished one
+ * with some of them only; some may still have been in the init), so they
+ * agree over the survivors' bootstrap to go on from the earliest iteration
+ * any of them did not see complete. */
+static int agree_step(int mine) {
+  int32_t me = mine, all[256];
+  ncfsm_result_t r = ncfsm_boot_allgather(S.boot, &me, all, sizeof me);
+  if (r != NCFSM_OK) die("the survivors' step agreement", r);
+  int from = mine;
+  for (int k = 0; k < ncfsm_boot_size(S.boot); k++)
+    if (all[k] < from) from = all[k];
+  if (from != mine)
+    printf("rank %d: the survivors go on from iteration %d (this rank stopped at %d)\n", S.orig_rank, from, mine);
+  return from;
+}
+
 int main(int argc, char **argv) {
   int iters = 40, victim = -1, kill_at = -1, np = 0;
   const char *report_dir = NULL, *exits = NULL;
@@ -257,6 +274,7 @@ int main(int argc, char **argv) {
     printf("rank %d: the init failed; recovered by %s; the new comm has %d rank(s)\n", S.orig_rank, S.how,
            ncfsm_comm_size(S.comm));
     ncfsm_comm_release(S.old);
+    agree_step(0); /* the others may have failed at iteration 0 instead: they take part too */
   }
 
   float host[N_ELEM];
@@ -304,7 +322,7 @@ int main(int argc, char **argv) {
     ncfsm_comm_release(S.old);
     buf_comm = S.comm;
     if ((r = ncfsm_mem_alloc(S.comm, sizeof host, &buf)) != NCFSM_OK) die("mem_alloc", r);
-    i--; /* redo it */
+    i = agree_step(i) - 1; /* redo it (the loop's i++) */
   }
   /* the report */
   snprintf(path, sizeof path, "%s/kill.txt", out);
@@ -332,6 +350,11 @@ int main(int argc, char **argv) {
   json_decref(j);
   ncfsm_mem_free(buf_comm, buf);
   int final_size = ncfsm_comm_size(S.comm);
+  /* the job ends: the other ranks close their bootstraps one by one, which
+   * must not start a recovery now: every rank disarms, then a barrier */
+  ncfsm_comm_set_recovery(S.comm, NULL);
+  if ((r = ncfsm_boot_allgather(S.boot, NULL, NULL, 0)) != NCFSM_OK)
+    fprintf(stderr, "rank %d: the closing barrier failed: %s\n", S.orig_rank, ncfsm_boot_last_error(S.boot));
   if (ncfsm_comm_state(S.comm) == NCFSM_STATE_READY && ncfsm_comm_finalize(S.comm) == NCFSM_OK &&
       ncfsm_comm_wait_state(S.comm, NCFSM_STATE_FINALIZED, 30000) == NCFSM_OK)
     ncfsm_comm_destroy(S.comm);

@@ -582,8 +582,17 @@ static void test_error_scrape(void **state) {
   const char *r1[] = {"--sim-async-error-at", "2", NULL};
   const char *const *ra[] = {NULL, r1};
   start_ranks(&j, 2, common, ra);
-  wait_health(j.port[1], 503, 60);
-  json_t *st = get_json(j.port[1], "/status");
+  /* /healthz is 503 while the init runs too: wait for the comm's ERROR itself */
+  json_t *st = NULL;
+  for (double end = now_s() + 60;;) {
+    st = get_json(j.port[1], "/status");
+    json_t *sc = st ? status_comm(st) : NULL;
+    const char *s = sc ? json_string_value(json_object_get(sc, "state")) : NULL;
+    if ((s && !strcmp(s, "ERROR")) || now_s() > end) break;
+    json_decref(st);
+    st = NULL;
+    usleep(20000);
+  }
   assert_non_null(st);
   assert_null(check_status_schema(st));
   json_t *c = status_comm(st);

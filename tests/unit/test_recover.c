@@ -148,6 +148,10 @@ static void *rank_main(void *arg) {
   }
   x->r->done_iters = ITERS;
   x->r->final_size = ncfsm_comm_size(x->comm);
+  /* the job ends: the others close their bootstraps one by one; every rank
+   * disarms first, then a barrier, then the closes */
+  CHECK(ncfsm_comm_set_recovery(x->comm, NULL) == NCFSM_OK);
+  CHECK(ncfsm_boot_allgather(x->boot, NULL, NULL, 0) == NCFSM_OK);
 out:
   if (x->comm) {
     if (ncfsm_comm_state(x->comm) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(x->comm);
@@ -157,7 +161,10 @@ out:
   if (first_boot) ncfsm_boot_close(first_boot);
   if (loop) {
     ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
-    if (ncfsm_loop_close(loop) != NCFSM_OK && !x->r->fail_at) x->r->fail_at = "loop close";
+    if (ncfsm_loop_close(loop) != NCFSM_OK && !x->r->fail_at) {
+      x->r->fail_at = "loop close";
+      fprintf(stderr, "rank %d: loop close: %s\n", x->rank, ncfsm_loop_last_error(loop));
+    }
   }
   return NULL;
 out_dead:
