@@ -32,6 +32,8 @@
  *   ncfsm            ncfsm_allreduce + ncfsm_work_wait (the caller's thread drives the loop)
  *   ncfsm_spin       the same on a loop with poll_burst 2^30 (never backs off; diagnostic)
  *   ncfsm_blk        ncfsm driving a BLOCKING NCCL comm (opts.blocking = 1; diagnostic)
+ *   ncfsm_push       ncfsm on a loop with push completion (NCFSM_COMPLETION_PUSH: the stream
+ *                    wakes the loop through cudaLaunchHostFunc; issue 11)
  *
  * Rank 0 prints Markdown tables and "KV key value" lines for
  * bench/run_gpu_bench.sh. Every variant of one measurement runs in the same
@@ -307,6 +309,7 @@ enum {
   V_NCFSM,
   V_NCFSM_SPIN,
   V_NCFSM_BLK,
+  V_NCFSM_PUSH,
   V_COUNT
 };
 static const struct {
@@ -321,6 +324,7 @@ static const struct {
     [V_NCFSM] = {"ncfsm", "ncfsm: ncfsm_allreduce + ncfsm_work_wait"},
     [V_NCFSM_SPIN] = {"ncfsm_spin", "ncfsm, poll_burst 2^30: never backs off (diagnostic)"},
     [V_NCFSM_BLK] = {"ncfsm_blk", "ncfsm driving a blocking NCCL comm (diagnostic)"},
+    [V_NCFSM_PUSH] = {"ncfsm_push", "ncfsm, push completion: the stream wakes the loop (cudaLaunchHostFunc)"},
 };
 
 typedef struct {
@@ -328,7 +332,7 @@ typedef struct {
   ncclComm_t rb, rn; /* raw blocking, raw nonblocking */
   cudaStream_t s_rb, s_rn;
   cudaEvent_t ev_nt, ev_t; /* timing disabled / enabled */
-  fsm_ctx f, fspin, fblk;
+  fsm_ctx f, fspin, fblk, fpush;
   float *small[V_COUNT]; /* one 8-byte buffer per variant */
 } bench;
 
@@ -396,6 +400,7 @@ static double roundtrip(bench *b, int v, float *buf, size_t count) {
     }
     case V_NCFSM: fsm_roundtrip(&b->f, buf, count); break;
     case V_NCFSM_SPIN: fsm_roundtrip(&b->fspin, buf, count); break;
+    case V_NCFSM_PUSH: fsm_roundtrip(&b->fpush, buf, count); break;
     case V_NCFSM_BLK: fsm_roundtrip(&b->fblk, buf, count); break;
     default: die("bad variant %d", v);
   }
@@ -616,11 +621,14 @@ int main(int argc, char **argv) {
   lo_spin.poll_burst = 1u << 30;
   fsm_init(j, &b->fspin, &lo_spin, 0, "ncfsm_spin");
   fsm_init(j, &b->fblk, &lo_def, 1, "ncfsm_blk");
+  ncfsm_loop_opts lo_push = lo_def;
+  lo_push.completion = NCFSM_COMPLETION_PUSH;
+  fsm_init(j, &b->fpush, &lo_push, 0, "ncfsm_push");
   fsm_ctx nocoal;
   ncfsm_loop_opts lo_nocoal = lo_def;
   lo_nocoal.coalesce_max = 1;
   fsm_init(j, &nocoal, &lo_nocoal, 0, "ncfsm_nocoal");
-  P0("setup: 6 communicators ready in %.0f ms\n\n", (now_us() - t0) / 1e3);
+  P0("setup: 7 communicators ready in %.0f ms\n\n", (now_us() - t0) / 1e3);
 
   for (int v = 0; v < V_COUNT; v++) {
     CCK(rt.cudaMalloc((void **)&b->small[v], 256));
@@ -729,7 +737,7 @@ int main(int argc, char **argv) {
   }
 
   /* ---- one large op at a time: the poll schedule on a ~1 ms wait ---- */
-  static const int sync_v[] = {V_RAW_BLOCK_SYNC, V_RAW_NB_YIELD, V_NCFSM, V_NCFSM_SPIN};
+  static const int sync_v[] = {V_RAW_BLOCK_SYNC, V_RAW_NB_YIELD, V_NCFSM, V_NCFSM_SPIN, V_NCFSM_PUSH};
   enum { NSYNC = (int)(sizeof sync_v / sizeof sync_v[0]) };
   series ps[NSYNC];
   memset(ps, 0, sizeof ps);
@@ -760,7 +768,7 @@ int main(int argc, char **argv) {
   if (o.skip_cpu) goto teardown;
 
   /* ---- waiting 1 s for a late peer: rank 1 joins 1 s late ---- */
-  static const int wait_v[] = {V_RAW_BLOCK_SYNC, V_RAW_NB_YIELD, V_NCFSM};
+  static const int wait_v[] = {V_RAW_BLOCK_SYNC, V_RAW_NB_YIELD, V_NCFSM, V_NCFSM_PUSH};
   enum { NWAIT = (int)(sizeof wait_v / sizeof wait_v[0]) };
   double wcpu[NWAIT], wwall[NWAIT];
   for (int k = 0; k < NWAIT; k++) {
@@ -815,8 +823,8 @@ int main(int argc, char **argv) {
   /* ---- teardown ---- */
 teardown:
   barrier(j);
-  fsm_ctx *fs[] = {&b->f, &b->fspin, &b->fblk, &nocoal};
-  for (int i = 0; i < 4; i++) {
+  fsm_ctx *fs[] = {&b->f, &b->fspin, &b->fblk, &nocoal, &b->fpush};
+  for (int i = 0; i < 5; i++) {
     FCK(ncfsm_stream_destroy(fs[i]->comm, fs[i]->stream));
     FCK(ncfsm_comm_abort(fs[i]->comm));
     FCK(ncfsm_comm_release(fs[i]->comm));

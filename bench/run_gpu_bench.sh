@@ -105,7 +105,7 @@ END {
   print ""
   print "| 8-byte round trip, rank 0 | median us | p99 us | ncfsm/this median | ncfsm/this p99 |"
   print "|---|---:|---:|---:|---:|"
-  n = split("raw_block_sync raw_block_spin raw_nb_yield raw_nb_yield_tev raw_nb_spin raw_nb_sleep torch ncfsm ncfsm_spin ncfsm_blk", names, " ")
+  n = split("raw_block_sync raw_block_spin raw_nb_yield raw_nb_yield_tev raw_nb_spin raw_nb_sleep torch ncfsm ncfsm_spin ncfsm_blk ncfsm_push", names, " ")
   for (i = 1; i <= n; i++) {
     k = "rt." names[i]
     printf "| %s | %s | %s | %s | %s |\n", names[i], v(k ".median_us", "%.1f"), v(k ".p99_us", "%.1f"),
@@ -135,8 +135,10 @@ END {
   printf "- 256 MiB busbw within 1%% of raw: ncfsm/raw_block = %s: %s\n", q, (q == "n/a") ? "n/a" : goal(q + 0 >= 0.99)
   q = v("idle.loop_thread.cpu_pct", "%.4f")
   printf "- near-zero CPU while idle (loop thread, comm READY, nothing pending, 1 s; goal < 0.1%% of a core): %s%%: %s\n", q, (q == "n/a") ? "n/a" : goal(q + 0 < 0.1)
-  printf "  waiting 1 s for a late peer, waiting thread CPU: ncfsm %s%%, raw_nb_yield %s%%, raw_block_sync %s%%\n",
-    v("wait1s.ncfsm.cpu_pct", "%.2f"), v("wait1s.raw_nb_yield.cpu_pct", "%.2f"), v("wait1s.raw_block_sync.cpu_pct", "%.2f")
+  printf "  waiting 1 s for a late peer, waiting thread CPU: ncfsm %s%%, ncfsm_push %s%%, raw_nb_yield %s%%, raw_block_sync %s%%\n",
+    v("wait1s.ncfsm.cpu_pct", "%.2f"), v("wait1s.ncfsm_push.cpu_pct", "%.2f"), v("wait1s.raw_nb_yield.cpu_pct", "%.2f"), v("wait1s.raw_block_sync.cpu_pct", "%.2f")
+  q = r("rt.ncfsm_push.median_us", "rt.raw_nb_yield.median_us")
+  printf "- push completion: 8-byte round trip ncfsm_push/raw_nb_yield = %s (issue 11: <= 1.0 in every run)\n", q
 }' "$2" "$3"
 }
 
