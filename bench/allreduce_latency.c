@@ -12,7 +12,22 @@
  *   --bw-iters N     ops per bandwidth round (default 20)
  *   --nocoal-ops N   ops of the stream on the coalesce_max 1 loop (default 1000)
  *   --skip-cpu       skip the 1 s late-peer and idle CPU measurements
- *   --quick          tiny counts, for a smoke test
+ *   --no-sweep       skip the size sweep and the dependent-launch breakdown (issue 11)
+ *   --sweep-mib M    largest size of the sweep in MiB (default 256; sizes 8 B x 4^k, then M)
+ *   --sweep-rounds R rounds of the sweep and of the breakdown (default 3)
+ *   --sweep-csv PATH rank 0 writes the sweep as CSV (scripts/plot_sweep.py plots it)
+ *   --gap-ops N      dependent AllReduces per round of the breakdown (default 20)
+ *   --out-of-place   the sweep, the breakdown and the large one-at-a-time ops read from a
+ *                    second buffer (on one rank NCCL skips an in-place AllReduce; out of
+ *                    place it is a device copy)
+ *   --quick          tiny counts, for a smoke test (sweep up to 16 MiB)
+ *
+ * Issue 11's size sweep: back to back (raw blocking, raw blocking grouped by
+ * 64, raw nonblocking, ncfsm, ncfsm with push completion; ops/s and busbw)
+ * and one at a time (round trips), at every size; then where the time goes
+ * between dependent launches (one buffer): the call, its way to final on
+ * NCCL's helper thread, the program's (or ncfsm's) share until the next
+ * call, and the GPU's busy and idle time between ops (timing events).
  *
  * One process per GPU. The ranks meet through ncfsm's bootstrap (PMIx under
  * mpirun): the main ncfsm comm uses ncfsm_comm_init_boot, the other comms get
@@ -86,6 +101,7 @@
   X(cudaEventRecord)           \
   X(cudaEventQuery)            \
   X(cudaEventDestroy)          \
+  X(cudaEventElapsedTime)      \
   X(cudaMalloc)                \
   X(cudaFree)                  \
   X(cudaMemset)                \
@@ -103,6 +119,7 @@ static struct {
 } rt;
 
 static int g_rank = -1;
+static int g_oop; /* --out-of-place */
 
 __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...) {
   va_list ap;
@@ -364,24 +381,25 @@ static void raw_nb_wait(ncclComm_t c, cudaStream_t s, cudaEvent_t ev, ncclResult
   CCK(e);
 }
 
-static void fsm_roundtrip(fsm_ctx *f, void *buf, size_t count) {
+static void fsm_roundtrip(fsm_ctx *f, const void *send, void *buf, size_t count) {
   ncfsm_work *w;
-  FCK(ncfsm_allreduce(f->comm, buf, buf, count, NCFSM_FLOAT32, NCFSM_OP_SUM, f->stream, NULL, NULL, &w));
+  FCK(ncfsm_allreduce(f->comm, send, buf, count, NCFSM_FLOAT32, NCFSM_OP_SUM, f->stream, NULL, NULL, &w));
   ncfsm_result_t r = ncfsm_work_wait(w, 0);
   if (r != NCFSM_OK) die("ncfsm_work_wait: %s (%s)", ncfsm_err_name(r), ncfsm_comm_last_error(f->comm));
   ncfsm_work_release(w);
 }
 
-/* One round trip of variant v on count floats at buf; returns microseconds. */
-static double roundtrip(bench *b, int v, float *buf, size_t count) {
+/* One round trip of variant v on count floats from send to buf (in place
+ * when they are equal); returns microseconds. */
+static double roundtrip2(bench *b, int v, const float *send, float *buf, size_t count) {
   double t0 = now_us();
   switch (v) {
     case V_RAW_BLOCK_SYNC:
-      NCK(nc.ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, b->rb, b->s_rb));
+      NCK(nc.ncclAllReduce(send, buf, count, ncclFloat32, ncclSum, b->rb, b->s_rb));
       CCK(rt.cudaStreamSynchronize(b->s_rb));
       break;
     case V_RAW_BLOCK_SPIN: {
-      NCK(nc.ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, b->rb, b->s_rb));
+      NCK(nc.ncclAllReduce(send, buf, count, ncclFloat32, ncclSum, b->rb, b->s_rb));
       CCK(rt.cudaEventRecord(b->ev_nt, b->s_rb));
       cudaError_t e;
       while ((e = rt.cudaEventQuery(b->ev_nt)) == cudaErrorNotReady) {
@@ -393,33 +411,37 @@ static double roundtrip(bench *b, int v, float *buf, size_t count) {
     case V_RAW_NB_YIELD_TEV:
     case V_RAW_NB_SPIN:
     case V_RAW_NB_SLEEP: {
-      ncclResult_t r = nc.ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, b->rn, b->s_rn);
+      ncclResult_t r = nc.ncclAllReduce(send, buf, count, ncclFloat32, ncclSum, b->rn, b->s_rn);
       NCK(r);
       raw_nb_wait(b->rn, b->s_rn, v == V_RAW_NB_YIELD_TEV ? b->ev_t : b->ev_nt, r,                   v == V_RAW_NB_SLEEP ? 1000 : v == V_RAW_NB_SPIN ? -1 : 0);
       break;
     }
-    case V_NCFSM: fsm_roundtrip(&b->f, buf, count); break;
-    case V_NCFSM_SPIN: fsm_roundtrip(&b->fspin, buf, count); break;
-    case V_NCFSM_PUSH: fsm_roundtrip(&b->fpush, buf, count); break;
-    case V_NCFSM_BLK: fsm_roundtrip(&b->fblk, buf, count); break;
+    case V_NCFSM: fsm_roundtrip(&b->f, send, buf, count); break;
+    case V_NCFSM_SPIN: fsm_roundtrip(&b->fspin, send, buf, count); break;
+    case V_NCFSM_PUSH: fsm_roundtrip(&b->fpush, send, buf, count); break;
+    case V_NCFSM_BLK: fsm_roundtrip(&b->fblk, send, buf, count); break;
     default: die("bad variant %d", v);
   }
   return now_us() - t0;
 }
+static double roundtrip(bench *b, int v, float *buf, size_t count) { return roundtrip2(b, v, buf, buf, count); }
 
 /* ---- options ------------------------------------------------------------------------------ */
 
 typedef struct {
   int iters, rounds, sleep_iters, stream_ops, stream_rounds, bw_iters, bw_rounds, sync_iters, nocoal_ops, skip_cpu;
   size_t bw_bytes;
+  int sweep, sweep_rounds, gap_ops; /* issue 11: size sweep and the gap between dependent launches */
+  size_t sweep_bytes;
+  const char *sweep_csv;
 } opts;
 
 static void parse(int argc, char **argv, opts *o) {
-  *o = (opts){1000, 3, 60, 10000, 3, 20, 5, 30, 1000, 0, (size_t)256 << 20};
+  *o = (opts){1000, 3, 60, 10000, 3, 20, 5, 30, 1000, 0, (size_t)256 << 20, 1, 3, 20, (size_t)256 << 20, NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--quick")) {
-      *o = (opts){50, 2, 3, 500, 2, 4, 2, 4, 100, 0, (size_t)16 << 20};
+      *o = (opts){50, 2, 3, 500, 2, 4, 2, 4, 100, 0, (size_t)16 << 20, o->sweep, 2, 6, (size_t)16 << 20, o->sweep_csv};
     } else if (v && !strcmp(a, "--iters")) o->iters = atoi(v), i++;
     else if (v && !strcmp(a, "--rounds")) o->rounds = atoi(v), i++;
     else if (v && !strcmp(a, "--sleep-iters")) o->sleep_iters = atoi(v), i++;
@@ -428,14 +450,21 @@ static void parse(int argc, char **argv, opts *o) {
     else if (v && !strcmp(a, "--bw-iters")) o->bw_iters = atoi(v), i++;
     else if (v && !strcmp(a, "--nocoal-ops")) o->nocoal_ops = atoi(v), i++;
     else if (!strcmp(a, "--skip-cpu")) o->skip_cpu = 1;
+    else if (!strcmp(a, "--no-sweep")) o->sweep = 0;
+    else if (!strcmp(a, "--out-of-place")) g_oop = 1;
+    else if (v && !strcmp(a, "--sweep-mib")) o->sweep_bytes = (size_t)atol(v) << 20, i++;
+    else if (v && !strcmp(a, "--sweep-rounds")) o->sweep_rounds = atoi(v), i++;
+    else if (v && !strcmp(a, "--sweep-csv")) o->sweep_csv = v, i++;
+    else if (v && !strcmp(a, "--gap-ops")) o->gap_ops = atoi(v), i++;
     else {
       fprintf(stderr, "usage: %s [--iters N] [--rounds R] [--sleep-iters N] [--stream-ops N] [--bw-mib M] "
-                      "[--bw-iters N] [--nocoal-ops N] [--skip-cpu] [--quick]\n", argv[0]);
+                      "[--bw-iters N] [--nocoal-ops N] [--skip-cpu] [--no-sweep] [--sweep-mib M] "
+                      "[--sweep-rounds R] [--sweep-csv PATH] [--gap-ops N] [--out-of-place] [--quick]\n", argv[0]);
       exit(2);
     }
   }
   if (o->iters < 1 || o->rounds < 1 || o->sleep_iters < 1 || o->stream_ops < 1 || o->bw_iters < 1 || o->nocoal_ops < 1 ||
-      o->bw_bytes < 8)
+      o->bw_bytes < 8 || o->sweep_rounds < 1 || o->gap_ops < 2 || o->sweep_bytes < 8)
     die("bad options");
 }
 
@@ -536,6 +565,370 @@ static void bw_run(bench *b, int v, float *buf, size_t count, int n) {
     }
     default: die("bad bw variant");
   }
+}
+
+/* ---- size sweep (issue 11): back to back and one at a time ----------------------------------- */
+
+enum { W_RAW_BLOCK, W_RAW_BLOCK_G64, W_RAW_NB, W_NCFSM, W_NCFSM_PUSH, W_COUNT };
+static const struct {
+  const char *key, *desc;
+} winfo[W_COUNT] = {
+    [W_RAW_BLOCK] = {"raw_block", "raw blocking: enqueue all, cudaStreamSynchronize"},
+    [W_RAW_BLOCK_G64] = {"raw_block_g64", "raw blocking, ncclGroupStart/End around every 64 (hand grouped)"},
+    [W_RAW_NB] = {"raw_nb", "raw nonblocking: each launch polled to final (sched_yield), one event at the end"},
+    [W_NCFSM] = {"ncfsm", "ncfsm: submit all, ncfsm_loop_run"},
+    [W_NCFSM_PUSH] = {"ncfsm_push", "ncfsm with push completion: submit all, ncfsm_loop_run"},
+};
+/* one at a time: these round-trip variants */
+static const int sweep_one_v[] = {V_RAW_BLOCK_SYNC, V_RAW_NB_YIELD, V_NCFSM, V_NCFSM_PUSH};
+enum { NSWEEP_ONE = (int)(sizeof sweep_one_v / sizeof sweep_one_v[0]) };
+
+/* Op i of a back-to-back round of n ops of `bytes`: buffer i of the slab, so
+ * that consecutive ops are independent where the slab holds them (it holds
+ * two of the largest size). */
+static float *sweep_buf(float *slab, size_t slab_bytes, size_t bytes, int i) {
+  size_t stride = (bytes + 255) & ~(size_t)255;
+  size_t per = slab_bytes / stride;
+  return (float *)((char *)slab + (size_t)i % per * stride);
+}
+
+/* g_oop (--out-of-place, declared with g_rank): the sweep and the
+ * breakdown read from a second slab (on one rank NCCL skips an in-place
+ * AllReduce: a copy gives the stream real work of the op's size). */
+static float *g_src; /* the second slab, NULL in place */
+static float *src_of(float *slab, const float *p) { return g_src ? g_src + (p - slab) : (float *)p; }
+
+static void sweep_b2b(bench *b, int v, float *slab, size_t slab_bytes, size_t bytes, int n) {
+  size_t count = bytes / sizeof(float);
+  switch (v) {
+    case W_RAW_BLOCK:
+      for (int i = 0; i < n; i++) {
+        float *p = sweep_buf(slab, slab_bytes, bytes, i);
+        NCK(nc.ncclAllReduce(src_of(slab, p), p, count, ncclFloat32, ncclSum, b->rb, b->s_rb));
+      }
+      CCK(rt.cudaStreamSynchronize(b->s_rb));
+      break;
+    case W_RAW_BLOCK_G64:
+      for (int i = 0; i < n; i += 64) {
+        NCK(nc.ncclGroupStart());
+        for (int k = i; k < n && k < i + 64; k++) {
+          float *p = sweep_buf(slab, slab_bytes, bytes, k);
+          NCK(nc.ncclAllReduce(src_of(slab, p), p, count, ncclFloat32, ncclSum, b->rb, b->s_rb));
+        }
+        NCK(nc.ncclGroupEnd());
+      }
+      CCK(rt.cudaStreamSynchronize(b->s_rb));
+      break;
+    case W_RAW_NB:
+      for (int i = 0; i < n; i++) {
+        float *p = sweep_buf(slab, slab_bytes, bytes, i);
+        ncclResult_t r = nc.ncclAllReduce(src_of(slab, p), p, count, ncclFloat32, ncclSum, b->rn, b->s_rn);
+        NCK(r);
+        if (r == ncclInProgress) {
+          ncclResult_t st;
+          do {
+            NCK(nc.ncclCommGetAsyncError(b->rn, &st));
+            if (st == ncclInProgress) sched_yield();
+          } while (st == ncclInProgress);
+          if (st != ncclSuccess) die("async error %s", nc.ncclGetErrorString(st));
+        }
+      }
+      raw_nb_wait(b->rn, b->s_rn, b->ev_nt, ncclSuccess, 0);
+      break;
+    case W_NCFSM:
+    case W_NCFSM_PUSH: {
+      fsm_ctx *f = v == W_NCFSM ? &b->f : &b->fpush;
+      long before = f->done;
+      for (int i = 0; i < n; i++) {
+        float *p = sweep_buf(slab, slab_bytes, bytes, i);
+        FCK(ncfsm_allreduce(f->comm, src_of(slab, p), p, count, NCFSM_FLOAT32, NCFSM_OP_SUM, f->stream, on_done, f, NULL));
+      }
+      FCK(ncfsm_loop_run(f->loop, NCFSM_RUN_DEFAULT));
+      if (f->done - before != n) die("sweep: %ld of %d works completed", f->done - before, n);
+      break;
+    }
+    default: die("bad sweep variant");
+  }
+}
+
+typedef struct {
+  size_t bytes;
+  double b2b_ops[W_COUNT]; /* median ops/s, back to back */
+  double one_us[NSWEEP_ONE]; /* median us, one at a time */
+} sweep_row;
+
+/* Every size from 8 B, times 4, up to max_bytes (and max_bytes itself). */
+static int sweep_sizes(size_t max_bytes, size_t *out, int cap) {
+  int n = 0;
+  for (size_t s = 8; s < max_bytes && n < cap - 1; s *= 4) out[n++] = s;
+  out[n++] = max_bytes;
+  return n;
+}
+
+static void run_sweep(bench *b, size_t max_bytes, int rounds, const char *csv_path) {
+  job *j = b->j;
+  size_t sizes[32];
+  int nsz = sweep_sizes(max_bytes, sizes, 32);
+  size_t slab_bytes = 2 * ((max_bytes + 255) & ~(size_t)255);
+  if (slab_bytes < ((size_t)1 << 20)) slab_bytes = (size_t)1 << 20;
+  float *slab;
+  CCK(rt.cudaMalloc((void **)&slab, slab_bytes));
+  CCK(rt.cudaMemset(slab, 0, slab_bytes));
+  g_src = NULL;
+  if (g_oop) {
+    CCK(rt.cudaMalloc((void **)&g_src, slab_bytes));
+    CCK(rt.cudaMemset(g_src, 0, slab_bytes));
+  }
+  CCK(rt.cudaDeviceSynchronize());
+  double factor = j->size > 1 ? 2.0 * (j->size - 1) / j->size : 1.0;
+  sweep_row *rows = calloc((size_t)nsz, sizeof *rows);
+  if (!rows) die("out of memory");
+  for (int z = 0; z < nsz; z++) {
+    size_t bytes = sizes[z];
+    rows[z].bytes = bytes;
+    /* back to back: about 512 MiB per round, 8 to 1000 ops */
+    size_t nn = ((size_t)512 << 20) / bytes;
+    int n = nn < 8 ? 8 : nn > 1000 ? 1000 : (int)nn;
+    series s[W_COUNT];
+    memset(s, 0, sizeof s);
+    barrier(j);
+    for (int v = 0; v < W_COUNT; v++) sweep_b2b(b, v, slab, slab_bytes, bytes, n < 16 ? n : 16); /* warm-up */
+    for (int r = 0; r < rounds; r++)
+      for (int v = 0; v < W_COUNT; v++) {
+        barrier(j);
+        double t0 = now_us();
+        sweep_b2b(b, v, slab, slab_bytes, bytes, n);
+        push(&s[v], n / ((now_us() - t0) / 1e6));
+      }
+    for (int v = 0; v < W_COUNT; v++) {
+      sort_series(&s[v]);
+      rows[z].b2b_ops[v] = median(&s[v]);
+      free(s[v].v);
+    }
+    /* one at a time: 10 to 200 round trips */
+    size_t mm = ((size_t)64 << 20) / bytes;
+    int m = mm < 10 ? 10 : mm > 200 ? 200 : (int)mm;
+    series o1[NSWEEP_ONE];
+    memset(o1, 0, sizeof o1);
+    float *p = sweep_buf(slab, slab_bytes, bytes, 0);
+    for (int k = 0; k < NSWEEP_ONE; k++) roundtrip2(b, sweep_one_v[k], src_of(slab, p), p, bytes / sizeof(float));
+    for (int r = 0; r < rounds; r++)
+      for (int k = 0; k < NSWEEP_ONE; k++) {
+        barrier(j);
+        for (int i = 0; i < m; i++)
+          push(&o1[k], roundtrip2(b, sweep_one_v[k], src_of(slab, p), p, bytes / sizeof(float)));
+      }
+    for (int k = 0; k < NSWEEP_ONE; k++) {
+      sort_series(&o1[k]);
+      rows[z].one_us[k] = median(&o1[k]);
+      free(o1[k].v);
+    }
+  }
+  CCK(rt.cudaFree(slab));
+  if (g_src) CCK(rt.cudaFree(g_src));
+  g_src = NULL;
+
+  P0("## Size sweep: AllReduce (float32, %s), back to back, rank 0 medians of %d rounds\n\n",
+     g_oop ? "out of place" : "in place", rounds);
+  P0("Ops per round: 512 MiB worth, at least 8 and at most 1000, each on its own buffer where two of the largest "
+     "fit (so consecutive ops are independent). busbw = bytes x ops/s x %s; GB = 1e9 bytes.\n\n",
+     j->size > 1 ? "2(n-1)/n" : "1 (one rank: algbw)");
+  P0("| bytes |");
+  for (int v = 0; v < W_COUNT; v++) P0(" %s ops/s |", winfo[v].key);
+  for (int v = 0; v < W_COUNT; v++) P0(" %s busbw |", winfo[v].key);
+  P0(" ncfsm/raw_block | ncfsm/raw_block_g64 | ncfsm/raw_nb | ncfsm_push/ncfsm |\n|---:|");
+  for (int v = 0; v < 2 * W_COUNT + 4; v++) P0("---:|");
+  P0("\n");
+  for (int z = 0; z < nsz; z++) {
+    const sweep_row *w = &rows[z];
+    P0("| %zu |", w->bytes);
+    for (int v = 0; v < W_COUNT; v++) P0(" %.0f |", w->b2b_ops[v]);
+    for (int v = 0; v < W_COUNT; v++) P0(" %.2f |", w->b2b_ops[v] * (double)w->bytes * factor / 1e9);
+    P0(" %.3f | %.3f | %.3f | %.3f |\n", w->b2b_ops[W_NCFSM] / w->b2b_ops[W_RAW_BLOCK],
+       w->b2b_ops[W_NCFSM] / w->b2b_ops[W_RAW_BLOCK_G64], w->b2b_ops[W_NCFSM] / w->b2b_ops[W_RAW_NB],
+       w->b2b_ops[W_NCFSM_PUSH] / w->b2b_ops[W_NCFSM]);
+  }
+  P0("\n## Size sweep: one at a time (submit, wait for completion, repeat), rank 0 median us\n\n| bytes |");
+  for (int k = 0; k < NSWEEP_ONE; k++) P0(" %s |", vinfo[sweep_one_v[k]].key);
+  P0(" ncfsm/raw_nb_yield | ncfsm_push/raw_nb_yield |\n|---:|");
+  for (int k = 0; k < NSWEEP_ONE + 2; k++) P0("---:|");
+  P0("\n");
+  for (int z = 0; z < nsz; z++) {
+    const sweep_row *w = &rows[z];
+    P0("| %zu |", w->bytes);
+    for (int k = 0; k < NSWEEP_ONE; k++) P0(" %.1f |", w->one_us[k]);
+    P0(" %.3f | %.3f |\n", w->one_us[2] / w->one_us[1], w->one_us[3] / w->one_us[1]);
+  }
+  P0("\n");
+  for (int z = 0; z < nsz; z++) {
+    for (int v = 0; v < W_COUNT; v++)
+      P0("KV sweep.b2b.%s.%zu.ops_per_s %.1f\n", winfo[v].key, rows[z].bytes, rows[z].b2b_ops[v]);
+    for (int k = 0; k < NSWEEP_ONE; k++)
+      P0("KV sweep.one.%s.%zu.median_us %.2f\n", vinfo[sweep_one_v[k]].key, rows[z].bytes, rows[z].one_us[k]);
+  }
+  if (csv_path && g_rank == 0) {
+    FILE *f = fopen(csv_path, "w");
+    if (!f) die("--sweep-csv %s: cannot write", csv_path);
+    fprintf(f, "mode,variant,bytes,ops_per_s,busbw_GBps,median_us,nranks\n");
+    for (int z = 0; z < nsz; z++) {
+      const sweep_row *w = &rows[z];
+      for (int v = 0; v < W_COUNT; v++)
+        fprintf(f, "b2b,%s,%zu,%.3f,%.4f,,%d\n", winfo[v].key, w->bytes, w->b2b_ops[v],
+                w->b2b_ops[v] * (double)w->bytes * factor / 1e9, j->size);
+      for (int k = 0; k < NSWEEP_ONE; k++)
+        fprintf(f, "one,%s,%zu,%.3f,%.4f,%.3f,%d\n", vinfo[sweep_one_v[k]].key, w->bytes, 1e6 / w->one_us[k],
+                (double)w->bytes / w->one_us[k] / 1e3 * factor, w->one_us[k], j->size);
+    }
+    if (fclose(f) != 0) die("--sweep-csv %s: write failed", csv_path);
+  }
+  free(rows);
+}
+
+/* ---- where the time goes between dependent launches (issue 11, item 3) --------------------- */
+
+/* n dependent AllReduces (one buffer) back to back. Raw: host stamps around
+ * each call and at final, and timing events before and after each op on the
+ * stream (GPU busy = pre..post, GPU idle = post(i-1)..pre(i)). ncfsm: its
+ * own per-work times (launch = group end called, final = ncclSuccess). */
+enum { G_RAW_BLOCK, G_RAW_NB, G_NCFSM, G_COUNT };
+static const char *const gkey[G_COUNT] = {"raw_block", "raw_nb", "ncfsm"};
+enum { GP_CALL, GP_FINAL, GP_NEXT, GP_BUSY, GP_IDLE, GP_WALL, GP_COUNT };
+static const char *const gpkey[GP_COUNT] = {"call_us", "to_final_us", "final_to_next_us", "gpu_busy_us",
+                                            "gpu_idle_us", "per_op_us"};
+
+static void gap_run(bench *b, int v, const float *send, float *buf, size_t count, int n, series *ph /* GP_COUNT */) {
+  cudaEvent_t *pre = calloc((size_t)n, sizeof *pre), *post = calloc((size_t)n, sizeof *post);
+  double *t0 = calloc((size_t)n, sizeof *t0), *t1 = calloc((size_t)n, sizeof *t1), *t2 = calloc((size_t)n, sizeof *t2);
+  ncfsm_work **ws = calloc((size_t)n, sizeof *ws);
+  if (!pre || !post || !t0 || !t1 || !t2 || !ws) die("out of memory");
+  double w0 = now_us();
+  if (v == G_NCFSM) {
+    for (int i = 0; i < n; i++)
+      FCK(ncfsm_allreduce(b->f.comm, send, buf, count, NCFSM_FLOAT32, NCFSM_OP_SUM, b->f.stream, NULL, NULL, &ws[i]));
+    FCK(ncfsm_loop_run(b->f.loop, NCFSM_RUN_DEFAULT));
+  } else {
+    ncclComm_t c = v == G_RAW_BLOCK ? b->rb : b->rn;
+    cudaStream_t s = v == G_RAW_BLOCK ? b->s_rb : b->s_rn;
+    for (int i = 0; i < n; i++) {
+      CCK(rt.cudaEventCreateWithFlags(&pre[i], cudaEventDefault));
+      CCK(rt.cudaEventCreateWithFlags(&post[i], cudaEventDefault));
+    }
+    for (int i = 0; i < n; i++) {
+      CCK(rt.cudaEventRecord(pre[i], s));
+      t0[i] = now_us();
+      ncclResult_t r = nc.ncclAllReduce(send, buf, count, ncclFloat32, ncclSum, c, s);
+      NCK(r);
+      t1[i] = now_us();
+      if (r == ncclInProgress) {
+        ncclResult_t st;
+        do {
+          NCK(nc.ncclCommGetAsyncError(c, &st));
+          if (st == ncclInProgress) sched_yield();
+        } while (st == ncclInProgress);
+        if (st != ncclSuccess) die("async error %s", nc.ncclGetErrorString(st));
+      }
+      t2[i] = now_us();
+      CCK(rt.cudaEventRecord(post[i], s));
+    }
+    CCK(rt.cudaStreamSynchronize(s));
+  }
+  double wall = now_us() - w0;
+  push(&ph[GP_WALL], wall / n);
+  for (int i = 0; i < n; i++) {
+    if (v == G_NCFSM) {
+      ncfsm_work_times t;
+      FCK(ncfsm_work_get_times(ws[i], &t));
+      push(&ph[GP_FINAL], (double)(t.final_ns - t.launch_ns) / 1e3);
+      if (i > 0) {
+        ncfsm_work_times p;
+        FCK(ncfsm_work_get_times(ws[i - 1], &p));
+        push(&ph[GP_NEXT], ((double)t.launch_ns - (double)p.final_ns) / 1e3);
+      }
+      continue;
+    }
+    float ms;
+    push(&ph[GP_CALL], t1[i] - t0[i]);
+    push(&ph[GP_FINAL], t2[i] - t1[i]);
+    if (i > 0) push(&ph[GP_NEXT], t0[i] - t2[i - 1]);
+    CCK(rt.cudaEventElapsedTime(&ms, pre[i], post[i]));
+    push(&ph[GP_BUSY], ms * 1e3);
+    if (i > 0) {
+      CCK(rt.cudaEventElapsedTime(&ms, post[i - 1], pre[i]));
+      push(&ph[GP_IDLE], ms * 1e3);
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    if (v == G_NCFSM) {
+      FCK(ncfsm_work_release(ws[i]));
+    } else {
+      rt.cudaEventDestroy(pre[i]);
+      rt.cudaEventDestroy(post[i]);
+    }
+  }
+  free(pre);
+  free(post);
+  free(t0);
+  free(t1);
+  free(t2);
+  free(ws);
+}
+
+static void run_gap(bench *b, size_t max_bytes, int n, int rounds) {
+  job *j = b->j;
+  static const size_t gsz[] = {8, (size_t)1 << 20, (size_t)16 << 20, (size_t)256 << 20};
+  float *buf, *src = NULL;
+  CCK(rt.cudaMalloc((void **)&buf, max_bytes));
+  CCK(rt.cudaMemset(buf, 0, max_bytes));
+  if (g_oop) {
+    CCK(rt.cudaMalloc((void **)&src, max_bytes));
+    CCK(rt.cudaMemset(src, 0, max_bytes));
+  }
+  CCK(rt.cudaDeviceSynchronize());
+  P0("## Between dependent launches (one %s buffer, %d AllReduces back to back), rank 0 medians over %d rounds\n\n",
+     g_oop ? "destination" : "in-place", n, rounds);
+  if (j->size == 1)
+    P0("One rank: NCCL runs a one-rank AllReduce at enqueue as a cudaMemcpyAsync (out of place) or nothing (in "
+       "place), with no group end on a helper thread and no kernel: these rows show the host paths and the "
+       "copies, not NCCL's multi-rank gap.\n\n");
+  P0("call: the ncclAllReduce call; to final: from its return to ncclSuccess (NCCL's helper thread; ncfsm: "
+     "group end called .. final); final to next: from one op's final to the next op's call (the program's "
+     "share; ncfsm: the engine's); GPU busy / idle: timing events before and after each op (raw only).\n\n");
+  P0("| bytes | variant | call us | to final us | final to next us | GPU busy us | GPU idle between ops us | "
+     "wall per op us |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  for (size_t z = 0; z < sizeof gsz / sizeof gsz[0] && gsz[z] <= max_bytes; z++) {
+    series ph[G_COUNT][GP_COUNT];
+    memset(ph, 0, sizeof ph);
+    size_t count = gsz[z] / sizeof(float);
+    for (int v = 0; v < G_COUNT; v++) {
+      series warm[GP_COUNT];
+      memset(warm, 0, sizeof warm);
+      barrier(j);
+      gap_run(b, v, src ? src : buf, buf, count, 4, warm);
+      for (int p = 0; p < GP_COUNT; p++) free(warm[p].v);
+    }
+    for (int r = 0; r < rounds; r++)
+      for (int v = 0; v < G_COUNT; v++) {
+        barrier(j);
+        gap_run(b, v, src ? src : buf, buf, count, n, ph[v]);
+      }
+    for (int v = 0; v < G_COUNT; v++) {
+      P0("| %zu | %s |", gsz[z], gkey[v]);
+      for (int p = 0; p < GP_COUNT; p++) {
+        sort_series(&ph[v][p]);
+        if (ph[v][p].n) P0(" %.1f |", median(&ph[v][p]));
+        else P0(" - |");
+      }
+      P0("\n");
+    }
+    for (int v = 0; v < G_COUNT; v++)
+      for (int p = 0; p < GP_COUNT; p++) {
+        if (ph[v][p].n) P0("KV gap.%zu.%s.%s %.2f\n", gsz[z], gkey[v], gpkey[p], median(&ph[v][p]));
+        free(ph[v][p].v);
+      }
+  }
+  P0("\n");
+  CCK(rt.cudaFree(buf));
+  if (src) CCK(rt.cudaFree(src));
 }
 
 /* ---- CPU of a thread that waits ------------------------------------------------------------- */
@@ -702,11 +1095,15 @@ int main(int argc, char **argv) {
 
   /* ---- bandwidth ---- */
   size_t count = o.bw_bytes / sizeof(float);
-  float *big;
+  float *big, *bigsrc = NULL; /* bigsrc: the one-at-a-time section's source with --out-of-place */
   CCK(rt.cudaMalloc((void **)&big, o.bw_bytes));
   CCK(rt.cudaMemset(big, 0, o.bw_bytes));
+  if (g_oop) {
+    CCK(rt.cudaMalloc((void **)&bigsrc, o.bw_bytes));
+    CCK(rt.cudaMemset(bigsrc, 0, o.bw_bytes));
+  }
   CCK(rt.cudaDeviceSynchronize());
-  double factor = 2.0 * (j->size - 1) / j->size;
+  double factor = j->size > 1 ? 2.0 * (j->size - 1) / j->size : 1.0; /* one rank: algbw */
   series bs[B_COUNT];
   memset(bs, 0, sizeof bs);
   barrier(j);
@@ -742,17 +1139,19 @@ int main(int argc, char **argv) {
   series ps[NSYNC];
   memset(ps, 0, sizeof ps);
   barrier(j);
-  for (int k = 0; k < NSYNC; k++) roundtrip(b, sync_v[k], big, count);
+  const float *sync_src = bigsrc ? bigsrc : big;
+  for (int k = 0; k < NSYNC; k++) roundtrip2(b, sync_v[k], sync_src, big, count);
   for (int r = 0; r < 2; r++)
     for (int k = 0; k < NSYNC; k++) {
       barrier(j);
       double c0 = thread_cpu_us(), w0 = now_us();
-      for (int i = 0; i < (o.sync_iters + 1) / 2; i++) push(&ps[k], roundtrip(b, sync_v[k], big, count));
+      for (int i = 0; i < (o.sync_iters + 1) / 2; i++) push(&ps[k], roundtrip2(b, sync_v[k], sync_src, big, count));
       ps[k].cpu_us += thread_cpu_us() - c0;
       ps[k].wall_us += now_us() - w0;
     }
   for (int k = 0; k < NSYNC; k++) sort_series(&ps[k]);
-  P0("## %zu MiB AllReduce, one at a time (submit, wait for completion, repeat), rank 0\n\n", o.bw_bytes >> 20);
+  P0("## %zu MiB AllReduce%s, one at a time (submit, wait for completion, repeat), rank 0\n\n", o.bw_bytes >> 20,
+     bigsrc ? " (out of place)" : "");
   P0("| variant | samples | median us | p99 us | busbw at median GB/s | CPU of waiting thread | ncfsm/this median |\n"
      "|---|---:|---:|---:|---:|---:|---:|\n");
   for (int k = 0; k < NSYNC; k++)
@@ -763,6 +1162,11 @@ int main(int argc, char **argv) {
   for (int k = 0; k < NSYNC; k++) {
     P0("KV sync.%s.median_us %.1f\n", vinfo[sync_v[k]].key, median(&ps[k]));
     P0("KV sync.%s.cpu_pct %.1f\n", vinfo[sync_v[k]].key, 100.0 * ps[k].cpu_us / ps[k].wall_us);
+  }
+
+  if (o.sweep) {
+    run_sweep(b, o.sweep_bytes, o.sweep_rounds, o.sweep_csv);
+    run_gap(b, o.sweep_bytes, o.gap_ops, o.sweep_rounds);
   }
 
   if (o.skip_cpu) goto teardown;
@@ -834,12 +1238,13 @@ teardown:
   for (int v = 0; v < V_COUNT; v++) CCK(rt.cudaFree(b->small[v]));
   CCK(rt.cudaFree(slab));
   CCK(rt.cudaFree(big));
+  if (bigsrc) CCK(rt.cudaFree(bigsrc));
   rt.cudaEventDestroy(b->ev_nt);
   rt.cudaEventDestroy(b->ev_t);
   rt.cudaStreamDestroy(b->s_rb);
   rt.cudaStreamDestroy(b->s_rn);
   ncfsm_boot_close(j->boot);
-  for (int i = 1; i < 4; i++) FCK(ncfsm_loop_close(fs[i]->loop));
+  for (int i = 1; i < 5; i++) FCK(ncfsm_loop_close(fs[i]->loop));
   FCK(ncfsm_loop_close(j->loop));
   for (int v = 0; v < V_COUNT; v++) free(rts[v].v);
   for (int v = 0; v < S_COUNT; v++) free(ss[v].v);

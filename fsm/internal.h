@@ -112,6 +112,9 @@ struct ncfsm_work {
 typedef struct ncfsm__squeue {
   void *stream;
   ncfsm_work *head, *tail;
+  /* push completion: works appended so far, and that count when the last
+   * host function was put on the stream (it follows all of them) */
+  uint64_t appended, notified;
 } ncfsm__squeue;
 
 struct ncfsm_comm {

@@ -606,8 +606,10 @@ void ncfsm__launch_final(ncfsm_comm *c) {
     if (!m) {
       if (nms == 8) { /* flush: record the marks taken so far */
         for (int i = 0; i < nms; i++)
-          if (c->be->event_record(ms[i].mark->event, ms[i].stream) == 0)
-            ncfsm__push_notify(c->loop, c->be, ms[i].stream);
+          if (c->be->event_record(ms[i].mark->event, ms[i].stream) != 0) {
+            NCFSM_WARN(NCFSM__SUB_FSM, "[%s] event record failed", c->name);
+            fail_marked(c, ms[i].mark);
+          }
         nms = 0;
       }
       m = ncfsm__mark_get(c);
@@ -632,7 +634,7 @@ void ncfsm__launch_final(ncfsm_comm *c) {
       }
     }
     if (!q && c->nsq < c->capsq) {
-      c->sq[c->nsq] = (ncfsm__squeue){w->op.stream, NULL, NULL};
+      c->sq[c->nsq] = (ncfsm__squeue){w->op.stream, NULL, NULL, 0, 0};
       q = &c->sq[c->nsq++];
     }
     if (!q) {
@@ -647,6 +649,7 @@ void ncfsm__launch_final(ncfsm_comm *c) {
     if (q->tail) q->tail->next = w;
     else q->head = w;
     q->tail = w;
+    q->appended++;
     ncfsm__work_set_state(w, NCFSM_WORK_IN_FLIGHT);
     w = next;
   }
@@ -659,6 +662,5 @@ void ncfsm__launch_final(ncfsm_comm *c) {
     }
     if (c->opts.timing) /* the seed's question: is the work done right after the launch? */
       ms[i].mark->ready_at_final = c->be->event_query(ms[i].mark->event) == 0;
-    ncfsm__push_notify(c->loop, c->be, ms[i].stream); /* push: the stream wakes the loop past its event */
   }
 }

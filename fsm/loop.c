@@ -137,8 +137,8 @@ bool ncfsm__push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream
 }
 
 /* Push covers what is pending: only works in flight wait (no NCCL call in
- * progress, no launch, no exchange, no control work): their streams wake
- * the loop, and a slow timer is the fallback (and the R10 watch). */
+ * progress, no launch, no exchange, no control work): their streams can
+ * wake the loop, and a slow timer is the fallback (and the R10 watch). */
 static bool push_covers(ncfsm_loop *loop) {
   if (loop->opts.completion != NCFSM_COMPLETION_PUSH || !loop->notifier || loop->ctl || loop->nqueued) return false;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
@@ -150,31 +150,50 @@ static bool push_covers(ncfsm_loop *loop) {
   return true;
 }
 
+/* Push, at the end of a burst: a host function after the last work of every
+ * stream that has works in flight and none since the last host function
+ * there (one per stream and wait, not one per launch: a host function holds
+ * the stream's later work until it has run). False when one could not be
+ * enqueued (the loop then polls). */
+static bool push_arm_streams(ncfsm_loop *loop) {
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    for (int i = 0; i < c->nsq; i++) {
+      ncfsm__squeue *q = &c->sq[i];
+      if (!q->head || q->notified == q->appended) continue;
+      if (!ncfsm__push_notify(loop, c->be, q->stream)) return false;
+      q->notified = q->appended;
+    }
+  return true;
+}
+
 /* Adaptive progress schedule: immediate re-polls after the last progress
  * (at least poll_burst of them, and for at least poll_burst_us, which covers
  * a small collective's round trip), then intervals doubling from 1 us up to
- * poll_max_us. No timer is armed when nothing is pending. */
+ * poll_max_us. No timer is armed when nothing is pending. With push
+ * completion the burst is the same; after it, when only works in flight
+ * wait, their streams wake the loop and one slow timer replaces the
+ * back-off. */
 void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
   if (progress) {
     loop->poll_iter = 0;
     loop->backoff = 0;
     loop->burst_start_ns = ncfsm__now_ns();
   }
-  bool covered = push_covers(loop);
-  if (loop->poll_armed && loop->push_armed && !covered) { /* something needs polls again: drop the slow timer */
+  bool immediate = loop->poll_iter < loop->opts.poll_burst ||
+                   ncfsm__now_ns() - loop->burst_start_ns < (uint64_t)loop->opts.poll_burst_us * 1000;
+  bool covered = !immediate && push_covers(loop);
+  if (loop->poll_armed && loop->push_armed && !covered) { /* polls again (progress, or a state that needs them) */
     evtimer_del(loop->ev_poll);
     loop->poll_armed = loop->push_armed = false;
   }
   if (loop->poll_armed) return;
-  if (covered) {
+  if (covered && push_arm_streams(loop)) {
     struct timeval ptv = {(time_t)(loop->opts.push_fallback_us / 1000000),
                           (suseconds_t)(loop->opts.push_fallback_us % 1000000)};
     loop->poll_armed = loop->push_armed = true;
     evtimer_add(loop->ev_poll, &ptv);
     return;
   }
-  bool immediate = loop->poll_iter < loop->opts.poll_burst ||
-                   ncfsm__now_ns() - loop->burst_start_ns < (uint64_t)loop->opts.poll_burst_us * 1000;
   if (immediate) {
     if (loop->poll_iter < UINT_MAX) loop->poll_iter++;
     loop->poll_armed = true;

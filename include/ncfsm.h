@@ -154,11 +154,11 @@ typedef struct ncfsm_loop_opts {
                                       a group's ops across ranks only when every rank groups the same
                                       ones (docs/design.md) */
   int completion;                  /* NCFSM_COMPLETION_POLL (default): completion events are polled
-                                      (immediate re-polls, then backing off); NCFSM_COMPLETION_PUSH: after
-                                      each launch's completion event the stream itself wakes the loop
-                                      (cudaLaunchHostFunc; the sim at its progress), and while only works
-                                      in flight wait the loop polls every push_fallback_us only
-                                      (NCFSM_COMPLETION=poll|push) */
+                                      (immediate re-polls, then backing off); NCFSM_COMPLETION_PUSH: the
+                                      same immediate re-polls, then, when only works in flight wait, one
+                                      host function after the last work of each such stream wakes the loop
+                                      (cudaLaunchHostFunc; the sim at its progress) and the loop polls every
+                                      push_fallback_us only (NCFSM_COMPLETION=poll|push) */
   unsigned push_fallback_us;       /* with push: that interval (default 10000; NCFSM_PUSH_FALLBACK_US) */
 } ncfsm_loop_opts;
 enum { NCFSM_COMPLETION_POLL = 0, NCFSM_COMPLETION_PUSH = 1 };

@@ -1,13 +1,16 @@
 /*
  * Push completion (ncfsm_loop_opts.completion = NCFSM_COMPLETION_PUSH;
- * issue 11, item 2): after each launch's completion event the stream wakes
- * the loop (the backend's host_notify: cudaLaunchHostFunc on NCCL; the sim
- * runs it when its progress reaches that point), and while only works in
- * flight wait the loop polls at push_fallback_us. Checked on the sim: every
- * work completes with the right data, host functions were enqueued and woke
- * the loop, a state that needs polls (a launch in progress) still gets its
- * burst, and a loop closed while host functions are pending frees nothing
- * they still use (the notifier outlives the loop: ASan).
+ * issue 11, item 2): the loop polls as usual for its burst after each
+ * progress; when the burst is over and only works in flight wait, it puts
+ * one host function after the last work of each such stream (the backend's
+ * host_notify: cudaLaunchHostFunc on NCCL; the sim runs it when its progress
+ * reaches that point) and polls every push_fallback_us only. Checked on the
+ * sim: every work completes with the right data; host functions were
+ * enqueued and woke the loop; one per stream and wait, not one per launch;
+ * none while the burst sees the works complete; a state that needs polls
+ * (a launch in progress) still gets its burst; and a loop closed while host
+ * functions are pending frees nothing they still use (the notifier
+ * outlives the loop: ASan).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,11 +27,13 @@ static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
   st == NCFSM_OK ? done_ok++ : done_bad++;
 }
 
-static ncfsm_loop *push_loop(unsigned fallback_us) {
+/* burst 0: no immediate re-polls, so every wait goes to the streams */
+static ncfsm_loop *push_loop(unsigned fallback_us, int burst) {
   ncfsm_loop_opts lo;
   ncfsm_loop_opts_init(&lo);
   lo.completion = NCFSM_COMPLETION_PUSH;
   lo.push_fallback_us = fallback_us;
+  if (!burst) lo.poll_burst = lo.poll_burst_us = 0;
   ncfsm_loop *loop;
   assert_int_equal(ncfsm_loop_new(&lo, &loop), NCFSM_OK);
   return loop;
@@ -41,22 +46,31 @@ static void make_ready(ncfsm_loop *loop, ncfsm_comm **c, int n, ncfsm_sim_opts *
   for (int r = 0; r < n; r++) run_until_state(loop, c[r], NCFSM_STATE_READY);
 }
 
+/* Turns until the loop went over to push (its slow timer is armed). */
+static void run_until_push_armed(ncfsm_loop *loop) {
+  for (int i = 0; i < 100000 && !loop->push_armed; i++) run_turns(loop, 1);
+  assert_true(loop->push_armed);
+}
+
 static void test_push_completes(void **state) {
   (void)state;
-  ncfsm_loop *loop = push_loop(10000);
+  ncfsm_loop *loop = push_loop(10000, 0);
   ncfsm_sim_opts so;
   test_sim_opts(&so);
   so.launch_polls = 2;
   ncfsm_comm *c[2];
   make_ready(loop, c, 2, &so);
   done_ok = done_bad = 0;
-  for (int k = 0; k < 64; k++)
-    for (int r = 0; r < 2; r++) {
+  /* rank 0 first: its works wait in flight, and the loop goes over to push */
+  for (int r = 0; r < 2; r++) {
+    for (int k = 0; k < 64; k++) {
       for (int i = 0; i < 16; i++) buf[r][k][i] = r + k;
       assert_int_equal(ncfsm_allreduce(c[r], buf[r][k], buf[r][k], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
                                        NULL),
                        NCFSM_OK);
     }
+    if (r == 0) run_until_push_armed(loop);
+  }
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
   assert_int_equal(done_ok, 128);
   assert_int_equal(done_bad, 0);
@@ -76,7 +90,7 @@ static void test_push_completes(void **state) {
  * may close while the host function of the dropped op is pending. */
 static void test_push_close_with_pending(void **state) {
   (void)state;
-  ncfsm_loop *loop = push_loop(1000000); /* a fallback far longer than the test */
+  ncfsm_loop *loop = push_loop(1000000, 0); /* a fallback far longer than the test */
   ncfsm_sim_opts so;
   test_sim_opts(&so);
   ncfsm_comm *c[2];
@@ -98,7 +112,7 @@ static void test_push_close_with_pending(void **state) {
  * turns of NOWAIT runs. */
 static void test_push_keeps_launch_polls(void **state) {
   (void)state;
-  ncfsm_loop *loop = push_loop(1000000);
+  ncfsm_loop *loop = push_loop(1000000, 0);
   ncfsm_sim_opts so;
   test_sim_opts(&so);
   so.launch_polls = 3;
@@ -114,11 +128,72 @@ static void test_push_keeps_launch_polls(void **state) {
   teardown_all(loop, c, 2);
 }
 
+/* A late peer: rank 0's AllReduce waits; after the burst one host function
+ * goes on its stream, and no more however long the wait; rank 1's arrival
+ * completes both, and the host function wakes the loop. */
+static void test_push_one_per_wait(void **state) {
+  (void)state;
+  ncfsm_loop *loop = push_loop(1000000, 1);
+  ncfsm_sim_opts so;
+  test_sim_opts(&so);
+  ncfsm_comm *c[2];
+  make_ready(loop, c, 2, &so);
+  done_ok = done_bad = 0;
+  ncfsm__notifier *n = loop->notifier;
+  assert_non_null(n);
+  uint64_t posted0 = atomic_load(&n->posted), wakes0 = atomic_load(&n->wakes);
+  for (int i = 0; i < 16; i++) buf[0][2][i] = 1, buf[1][2][i] = 2;
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0][2], buf[0][2], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                                   NULL),
+                   NCFSM_OK);
+  run_until_push_armed(loop);
+  assert_int_equal(atomic_load(&n->posted) - posted0, 1);
+  run_turns(loop, 50);
+  assert_int_equal(atomic_load(&n->posted) - posted0, 1); /* one per stream and wait */
+  assert_int_equal(done_ok + done_bad, 0);
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1][2], buf[1][2], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                                   NULL),
+                   NCFSM_OK);
+  for (int i = 0; i < 1000 && done_ok < 2; i++) run_turns(loop, 1);
+  assert_int_equal(done_ok, 2);
+  assert_int_equal(buf[0][2][15], 3);
+  assert_true(atomic_load(&n->wakes) - wakes0 >= 1);
+  teardown_all(loop, c, 2);
+}
+
+/* Works that complete within the burst never cost a host function (one
+ * would hold the stream's later work until it has run). */
+static void test_push_none_within_burst(void **state) {
+  (void)state;
+  ncfsm_loop_opts lo;
+  ncfsm_loop_opts_init(&lo);
+  lo.completion = NCFSM_COMPLETION_PUSH;
+  lo.poll_burst = 1u << 30; /* the burst never ends */
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(&lo, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  test_sim_opts(&so);
+  ncfsm_comm *c[2];
+  make_ready(loop, c, 2, &so);
+  done_ok = done_bad = 0;
+  for (int k = 0; k < 32; k++)
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(ncfsm_allreduce(c[r], buf[r][k], buf[r][k], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done,
+                                       NULL, NULL),
+                       NCFSM_OK);
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_int_equal(done_ok, 64);
+  assert_int_equal(atomic_load(&loop->notifier->posted), 0);
+  teardown_all(loop, c, 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_push_completes),
       cmocka_unit_test(test_push_close_with_pending),
       cmocka_unit_test(test_push_keeps_launch_polls),
+      cmocka_unit_test(test_push_one_per_wait),
+      cmocka_unit_test(test_push_none_within_burst),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

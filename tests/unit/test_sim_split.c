@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -730,6 +731,13 @@ static int segment_creator(const char *name) {
   int fd = shm_open(path, O_RDONLY, 0);
   if (fd < 0) return 0;
   int pid = 0;
+  /* another process's segment may be just created, not sized yet: reading
+   * past its end would be a SIGBUS (seen with tests running side by side) */
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(shm_hdr)) {
+    close(fd);
+    return 0;
+  }
   shm_hdr *h = mmap(NULL, sizeof *h, PROT_READ, MAP_SHARED, fd, 0);
   if (h != MAP_FAILED) {
     pid = h->creator_pid;
