@@ -124,6 +124,7 @@ typedef ncclResult_t (*ncfsm__nccl_comm_grow_fn)(ncclComm_t comm, int nRanks, co
   X(cudaEventQuery)           \
   X(cudaEventElapsedTime)     \
   X(cudaEventDestroy)         \
+  X(cudaEventSynchronize)     \
   X(cudaMalloc)               \
   X(cudaFree)                 \
   X(cudaMemcpy)               \
@@ -589,9 +590,104 @@ static int b_comm_init_scalable(void **bcomm, int nranks, const ncfsm_unique_id 
   return nres(r);
 }
 
-/* cudaLaunchHostFunc: fn runs on a CUDA thread once the stream reaches this point. */
+/*
+ * Push completion's wakeup (issue 11, item 2), two ways (NCFSM_PUSH_WAKE):
+ *  - hostfn (default): cudaLaunchHostFunc; fn runs on a CUDA thread once the
+ *    stream reaches this point (the stream's later work waits for it);
+ *  - event: a blocking-sync event recorded here, and one waiter thread of
+ *    this backend that cudaEventSynchronize()s the events in the order they
+ *    were given, then runs fn (the stream does not wait for anything).
+ * Measured against each other in docs/results/push-1gpu.md.
+ */
+typedef struct wake_item {
+  cudaEvent_t ev;
+  void (*fn)(void *);
+  void *arg;
+  struct wake_item *next;
+} wake_item;
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  wake_item *head, *tail;
+  int started; /* 1: the waiter runs; -1: it could not be started */
+} wq = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0};
+
+static void *wake_main(void *unused) {
+  (void)unused;
+  for (;;) {
+    pthread_mutex_lock(&wq.mu);
+    while (!wq.head) pthread_cond_wait(&wq.cv, &wq.mu);
+    wake_item *it = wq.head;
+    wq.head = it->next;
+    if (!wq.head) wq.tail = NULL;
+    pthread_mutex_unlock(&wq.mu);
+    cudaError_t ce = rt.cudaEventSynchronize(it->ev);
+    if (ce != cudaSuccess)
+      NCFSM_WARN(NCFSM__SUB_BACKEND, "push wake: cudaEventSynchronize failed: %s (the loop's fallback timer "
+                                     "still sees the completion)", cuda_err(ce));
+    it->fn(it->arg);
+    rt.cudaEventDestroy(it->ev);
+    free(it);
+  }
+  return NULL;
+}
+
+static int push_wake_event(void) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *e = getenv("NCFSM_PUSH_WAKE");
+    mode = e && !strcmp(e, "event");
+    if (e && strcmp(e, "event") && strcmp(e, "hostfn"))
+      NCFSM_WARN(NCFSM__SUB_BACKEND, "NCFSM_PUSH_WAKE=%s is not hostfn or event: hostfn", e);
+  }
+  return mode;
+}
+
+static int host_notify_event(void *stream, void (*fn)(void *), void *arg) {
+  int d = -1;
+  if (rt.cudaStreamGetDevice && stream && rt.cudaStreamGetDevice((cudaStream_t)stream, &d) == cudaSuccess) {
+    int rc = force_device(d);
+    if (rc) return rc;
+  }
+  wake_item *it = calloc(1, sizeof *it);
+  if (!it) return (int)cudaErrorMemoryAllocation;
+  cudaError_t ce = rt.cudaEventCreateWithFlags(&it->ev, cudaEventBlockingSync | cudaEventDisableTiming);
+  if (ce == cudaSuccess) {
+    ce = rt.cudaEventRecord(it->ev, (cudaStream_t)stream);
+    if (ce != cudaSuccess) rt.cudaEventDestroy(it->ev);
+  }
+  if (ce != cudaSuccess) {
+    free(it);
+    return cuda_fail(ce);
+  }
+  it->fn = fn;
+  it->arg = arg;
+  pthread_mutex_lock(&wq.mu);
+  if (wq.started == 0) {
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    wq.started = pthread_create(&t, &at, wake_main, NULL) == 0 ? 1 : -1;
+    pthread_attr_destroy(&at);
+  }
+  if (wq.started < 0) {
+    pthread_mutex_unlock(&wq.mu);
+    rt.cudaEventDestroy(it->ev);
+    free(it);
+    return (int)cudaErrorLaunchFailure; /* the loop warns and polls */
+  }
+  if (wq.tail) wq.tail->next = it;
+  else wq.head = it;
+  wq.tail = it;
+  pthread_cond_signal(&wq.cv);
+  pthread_mutex_unlock(&wq.mu);
+  return 0;
+}
+
 static int b_host_notify(void *stream, void (*fn)(void *), void *arg) {
   if (not_usable()) return ncclSystemError;
+  if (push_wake_event()) return host_notify_event(stream, fn, arg);
   return (int)rt.cudaLaunchHostFunc((cudaStream_t)stream, (cudaHostFn_t)fn, arg);
 }
 

@@ -223,6 +223,7 @@ struct ncfsm_loop {
   struct event *ev_poll; /* progress timer */
   bool poll_armed;
   bool push_armed;       /* the armed poll is push completion's slow fallback timer */
+  bool progress_hint;    /* something was launched this turn: the schedule restarts its burst */
   bool kick;             /* something needs a turn (launch, init, abort, finalize) */
   bool poll_now;         /* an immediate re-poll is due (own base: turned directly) */
   unsigned poll_iter;

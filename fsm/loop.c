@@ -30,12 +30,15 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
   o->coalesce_max = (unsigned)ncfsm__env_ll("NCFSM_COALESCE_MAX", 64);
   o->dump_on_signal = (int)ncfsm__env_ll("NCFSM_DUMP_SIGNAL", 0);
   if (o->coalesce_max == 0) o->coalesce_max = 1;
-  const char *cm = ncfsm__env_str("NCFSM_COMPLETION", "poll");
-  o->completion = !strcmp(cm, "push") ? NCFSM_COMPLETION_PUSH : NCFSM_COMPLETION_POLL;
-  if (strcmp(cm, "push") && strcmp(cm, "poll"))
-    NCFSM_WARN(NCFSM__SUB_LOOP, "NCFSM_COMPLETION=%s is not poll or push: poll", cm);
+  const char *cm = ncfsm__env_str("NCFSM_COMPLETION", "auto");
+  o->completion = !strcmp(cm, "push")   ? NCFSM_COMPLETION_PUSH
+                  : !strcmp(cm, "auto") ? NCFSM_COMPLETION_AUTO
+                                        : NCFSM_COMPLETION_POLL;
+  if (strcmp(cm, "push") && strcmp(cm, "poll") && strcmp(cm, "auto"))
+    NCFSM_WARN(NCFSM__SUB_LOOP, "NCFSM_COMPLETION=%s is not poll, push or auto: poll", cm);
   o->push_fallback_us = (unsigned)ncfsm__env_ll("NCFSM_PUSH_FALLBACK_US", 10000);
   if (o->push_fallback_us == 0) o->push_fallback_us = 1;
+  o->push_after_us = (unsigned)ncfsm__env_ll("NCFSM_PUSH_AFTER_US", 2000);
 }
 
 /* Loop-level errors are per thread (ncfsm_loop_last_error). */
@@ -120,7 +123,7 @@ static void push_cb(void *arg) {
 
 bool ncfsm__push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream) {
   ncfsm__notifier *n = loop->notifier;
-  if (!n || !be->host_notify || loop->opts.completion != NCFSM_COMPLETION_PUSH) return false;
+  if (!n || !be->host_notify || loop->opts.completion == NCFSM_COMPLETION_POLL) return false;
   pthread_mutex_lock(&n->mu);
   n->refs++;
   pthread_mutex_unlock(&n->mu);
@@ -140,7 +143,7 @@ bool ncfsm__push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream
  * progress, no launch, no exchange, no control work): their streams can
  * wake the loop, and a slow timer is the fallback (and the R10 watch). */
 static bool push_covers(ncfsm_loop *loop) {
-  if (loop->opts.completion != NCFSM_COMPLETION_PUSH || !loop->notifier || loop->ctl || loop->nqueued) return false;
+  if (loop->opts.completion == NCFSM_COMPLETION_POLL || !loop->notifier || loop->ctl || loop->nqueued) return false;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     unsigned f = ncfsm_state_flags(c->state);
     if ((f & NCFSM_SF_POLL) || c->launching || c->vq_head || c->sf_head || c->sp_head ||
@@ -170,18 +173,23 @@ static bool push_arm_streams(ncfsm_loop *loop) {
  * (at least poll_burst of them, and for at least poll_burst_us, which covers
  * a small collective's round trip), then intervals doubling from 1 us up to
  * poll_max_us. No timer is armed when nothing is pending. With push
- * completion the burst is the same; after it, when only works in flight
- * wait, their streams wake the loop and one slow timer replaces the
- * back-off. */
+ * completion the burst is the same; after it (auto: after push_after_us
+ * without progress), when only works in flight wait, their streams wake the
+ * loop and one slow timer replaces the back-off. */
 void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
   if (progress) {
     loop->poll_iter = 0;
     loop->backoff = 0;
     loop->burst_start_ns = ncfsm__now_ns();
+    if (loop->poll_armed && !loop->poll_now) { /* a back-off (or push's slow) timer: poll sooner */
+      evtimer_del(loop->ev_poll);
+      loop->poll_armed = loop->push_armed = false;
+    }
   }
-  bool immediate = loop->poll_iter < loop->opts.poll_burst ||
-                   ncfsm__now_ns() - loop->burst_start_ns < (uint64_t)loop->opts.poll_burst_us * 1000;
-  bool covered = !immediate && push_covers(loop);
+  uint64_t quiet_ns = ncfsm__now_ns() - loop->burst_start_ns; /* since the last progress */
+  bool immediate = loop->poll_iter < loop->opts.poll_burst || quiet_ns < (uint64_t)loop->opts.poll_burst_us * 1000;
+  bool covered = !immediate && push_covers(loop) &&
+                 (loop->opts.completion == NCFSM_COMPLETION_PUSH || quiet_ns >= (uint64_t)loop->opts.push_after_us * 1000);
   if (loop->poll_armed && loop->push_armed && !covered) { /* polls again (progress, or a state that needs them) */
     evtimer_del(loop->ev_poll);
     loop->poll_armed = loop->push_armed = false;
@@ -267,16 +275,19 @@ static void turn(ncfsm_loop *loop, bool poll) {
   if (atomic_exchange(&loop->async_kick, 0)) loop->ctl = true;
   ncfsm__progress(loop);
   if (ncfsm__launch(loop)) {
-    ncfsm__progress(loop); /* fast ops may be done already */
+    loop->progress_hint = true; /* a launch restarts the burst, as a completion does */
+    ncfsm__progress(loop);      /* fast ops may be done already */
     if (loop->nqueued) loop->kick = true; /* the next batch may go at once */
   }
   ncfsm__loop_flush_notes(loop);
   /* A callback may have submitted work: launch it in this turn. */
   if (loop->nqueued) {
-    ncfsm__launch(loop);
+    if (ncfsm__launch(loop)) loop->progress_hint = true;
     ncfsm__loop_flush_notes(loop);
   }
-  if (!loop->poll_armed && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, false);
+  bool hint = loop->progress_hint;
+  loop->progress_hint = false;
+  if ((hint || !loop->poll_armed) && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, hint);
   clear_runner(loop);
   pthread_mutex_unlock(&loop->mu);
   tls_in_turn = outer;
@@ -329,6 +340,12 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   else ncfsm_loop_opts_init(&loop->opts);
   if (loop->opts.coalesce_max == 0) loop->opts.coalesce_max = 1;
   if (loop->opts.poll_max_us == 0) loop->opts.poll_max_us = 1;
+  if (loop->opts.completion < NCFSM_COMPLETION_POLL || loop->opts.completion > NCFSM_COMPLETION_AUTO) {
+    NCFSM_WARN(NCFSM__SUB_LOOP, "ncfsm_loop_new: opts.completion %d is not NCFSM_COMPLETION_POLL, _PUSH or _AUTO "
+                                "(start from ncfsm_loop_opts_init)", loop->opts.completion);
+    free(loop);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
   if (own) {
     /* Precise timers (timerfd): the poll back-off is in microseconds, and
      * epoll_wait's millisecond rounding would turn a 1 us poll into ~4 ms
@@ -373,7 +390,7 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
       NCFSM_WARN(NCFSM__SUB_FSM, "ncfsm_loop: cannot take SIGUSR1 for flight recorder dumps (another "
                  "event_base of this process has it?); dumps on request still work");
   }
-  if (loop->opts.completion == NCFSM_COMPLETION_PUSH) {
+  if (loop->opts.completion == NCFSM_COMPLETION_PUSH || loop->opts.completion == NCFSM_COMPLETION_AUTO) {
     ncfsm__notifier *n = calloc(1, sizeof *n);
     if (n) {
       pthread_mutex_init(&n->mu, NULL);

@@ -101,7 +101,8 @@ static bool drain_streams(ncfsm_comm *c) {
 bool ncfsm__drain(ncfsm_comm *c) { return c->nsq && drain_streams(c); }
 
 void ncfsm__progress(ncfsm_loop *loop) {
-  bool progress = false;
+  bool progress = loop->progress_hint; /* a launch in this turn */
+  loop->progress_hint = false;
   uint64_t now = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     /* first: a drained comm needs no async watch */

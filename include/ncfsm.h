@@ -153,15 +153,19 @@ typedef struct ncfsm_loop_opts {
                                       rank whose peers are elsewhere are never coalesced: NCCL matches
                                       a group's ops across ranks only when every rank groups the same
                                       ones (docs/design.md) */
-  int completion;                  /* NCFSM_COMPLETION_POLL (default): completion events are polled
-                                      (immediate re-polls, then backing off); NCFSM_COMPLETION_PUSH: the
-                                      same immediate re-polls, then, when only works in flight wait, one
+  int completion;                  /* NCFSM_COMPLETION_AUTO (default): poll, and push once push_after_us
+                                      passed without progress; NCFSM_COMPLETION_POLL: completion events are
+                                      polled (immediate re-polls, then backing off); NCFSM_COMPLETION_PUSH:
+                                      the same immediate re-polls, then, when only works in flight wait, one
                                       host function after the last work of each such stream wakes the loop
                                       (cudaLaunchHostFunc; the sim at its progress) and the loop polls every
-                                      push_fallback_us only (NCFSM_COMPLETION=poll|push) */
+                                      push_fallback_us only (NCFSM_COMPLETION=auto|poll|push;
+                                      docs/design.md "Completion") */
   unsigned push_fallback_us;       /* with push: that interval (default 10000; NCFSM_PUSH_FALLBACK_US) */
+  unsigned push_after_us;          /* auto: push after this long without progress (default 2000;
+                                      NCFSM_PUSH_AFTER_US) */
 } ncfsm_loop_opts;
-enum { NCFSM_COMPLETION_POLL = 0, NCFSM_COMPLETION_PUSH = 1 };
+enum { NCFSM_COMPLETION_POLL = 0, NCFSM_COMPLETION_PUSH = 1, NCFSM_COMPLETION_AUTO = 2 };
 
 void ncfsm_loop_opts_init(ncfsm_loop_opts *o); /* defaults, then NCFSM_* environment */
 

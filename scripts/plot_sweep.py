@@ -3,20 +3,24 @@
 busbw and ops/s, and the one-at-a-time round trip, against the message size,
 one line per variant, one line style per run (NCCL version).
 
-    python3 scripts/plot_sweep.py OUT.png LABEL=SWEEP.csv [LABEL=SWEEP.csv ...]
-    python3 scripts/plot_sweep.py --check SWEEP.csv [SWEEP.csv ...]
+    python3 scripts/plot_sweep.py OUT.png LABEL=RUN [LABEL=RUN ...]
+    python3 scripts/plot_sweep.py --check RUN [RUN ...]
 
-The CSVs are what `allreduce_latency --sweep-csv PATH` writes (rank 0).
---check only reads and validates them (no matplotlib needed): every variant
-at every size, every number positive and finite; exit 1 otherwise. Plotting
-needs matplotlib (the GPU machine has it).
+A RUN is what `allreduce_latency --sweep-csv PATH` writes (rank 0), or the
+program's printed output (its "KV sweep.*" lines and its header give the
+same numbers). --check only reads and validates them (no matplotlib
+needed): every variant at every size, every number positive and finite;
+exit 1 otherwise. Plotting needs matplotlib (the GPU machine has it).
 """
 import csv
 import math
+import re
 import sys
 
-B2B = ["raw_block", "raw_block_g64", "raw_nb", "ncfsm", "ncfsm_push"]
-ONE = ["raw_block_sync", "raw_nb_yield", "ncfsm", "ncfsm_push"]
+B2B = ["raw_block", "raw_block_g64", "raw_nb", "ncfsm", "ncfsm_push", "ncfsm_auto"]
+ONE = ["raw_block_sync", "raw_nb_yield", "ncfsm", "ncfsm_push", "ncfsm_auto"]
+KV = re.compile(r"^KV sweep\.(b2b|one)\.([a-z0-9_]+)\.(\d+)\.(ops_per_s|median_us) (\S+)$")
+RANKS = re.compile(r"^# allreduce_latency: (\d+) ranks")
 FIELDS = ["mode", "variant", "bytes", "ops_per_s", "busbw_GBps", "median_us", "nranks"]
 
 
@@ -24,32 +28,68 @@ class BadSweep(Exception):
     pass
 
 
+def rows_from_output(path):
+    """The program's printed output as CSV rows (busbw: bytes x ops/s x 2(n-1)/n, 1 on one rank)."""
+    nranks, kv = None, {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = RANKS.match(line)
+            if m:
+                nranks = int(m.group(1))
+            m = KV.match(line.strip())
+            if m:
+                kv[(m.group(1), m.group(2), int(m.group(3)))] = float(m.group(5))
+    if nranks is None:
+        raise BadSweep(f"{path}: no '# allreduce_latency: N ranks' header")
+    factor = 2.0 * (nranks - 1) / nranks if nranks > 1 else 1.0
+    rows = []
+    for (mode, name, size), v in sorted(kv.items()):
+        if mode == "b2b":
+            rows.append({"mode": mode, "variant": name, "bytes": str(size), "ops_per_s": str(v),
+                         "busbw_GBps": str(v * size * factor / 1e9), "median_us": "", "nranks": str(nranks)})
+        else:
+            us = v
+            rows.append({"mode": mode, "variant": name, "bytes": str(size), "ops_per_s": str(1e6 / us if us else 0),
+                         "busbw_GBps": str(size / us / 1e3 * factor if us else 0), "median_us": str(us),
+                         "nranks": str(nranks)})
+    return rows
+
+
 def load(path):
-    """{(mode, variant): {bytes: row}} and the rank count, validated."""
-    data, nranks = {}, None
+    """A CSV or the program's output, checked (see check)."""
+    with open(path, encoding="utf-8", newline="") as f:
+        is_csv = f.readline().startswith("mode,")
+    if not is_csv:
+        return check(path, rows_from_output(path), 2)
     with open(path, encoding="utf-8", newline="") as f:
         rd = csv.DictReader(f)
         if rd.fieldnames != FIELDS:
             raise BadSweep(f"{path}: header {rd.fieldnames}, expected {FIELDS}")
-        for i, r in enumerate(rd, start=2):
-            try:
-                size = int(r["bytes"])
-                row = {"ops": float(r["ops_per_s"]), "busbw": float(r["busbw_GBps"]),
-                       "us": float(r["median_us"]) if r["median_us"] else None}
-                n = int(r["nranks"])
-            except (TypeError, ValueError) as e:
-                raise BadSweep(f"{path}:{i}: {e}") from e
-            vals = [row["ops"], row["busbw"]] + ([row["us"]] if row["us"] is not None else [])
-            if size <= 0 or any(not math.isfinite(v) or v <= 0 for v in vals):
-                raise BadSweep(f"{path}:{i}: a size or value is not positive and finite: {dict(r)}")
-            if r["mode"] not in ("b2b", "one"):
-                raise BadSweep(f"{path}:{i}: mode {r['mode']!r}")
-            if r["mode"] == "one" and row["us"] is None:
-                raise BadSweep(f"{path}:{i}: a one-at-a-time row without median_us")
-            if nranks is not None and n != nranks:
-                raise BadSweep(f"{path}:{i}: nranks {n} after {nranks}")
-            nranks = n
-            data.setdefault((r["mode"], r["variant"]), {})[size] = row
+        return check(path, list(rd), 2)
+
+
+def check(path, rows, first_line):
+    """Validated {(mode, variant): {bytes: row}} and the rank count."""
+    data, nranks = {}, None
+    for i, r in enumerate(rows, start=first_line):
+        try:
+            size = int(r["bytes"])
+            row = {"ops": float(r["ops_per_s"]), "busbw": float(r["busbw_GBps"]),
+                   "us": float(r["median_us"]) if r["median_us"] else None}
+            n = int(r["nranks"])
+        except (TypeError, ValueError) as e:
+            raise BadSweep(f"{path}:{i}: {e}") from e
+        vals = [row["ops"], row["busbw"]] + ([row["us"]] if row["us"] is not None else [])
+        if size <= 0 or any(not math.isfinite(v) or v <= 0 for v in vals):
+            raise BadSweep(f"{path}:{i}: a size or value is not positive and finite: {dict(r)}")
+        if r["mode"] not in ("b2b", "one"):
+            raise BadSweep(f"{path}:{i}: mode {r['mode']!r}")
+        if r["mode"] == "one" and row["us"] is None:
+            raise BadSweep(f"{path}:{i}: a one-at-a-time row without median_us")
+        if nranks is not None and n != nranks:
+            raise BadSweep(f"{path}:{i}: nranks {n} after {nranks}")
+        nranks = n
+        data.setdefault((r["mode"], r["variant"]), {})[size] = row
     sizes = set()
     for v in data.values():
         sizes |= set(v)
@@ -78,9 +118,10 @@ def plot(out, runs):
 
     styles = ["-", "--", ":", "-."]
     colors = {"raw_block": "tab:gray", "raw_block_g64": "black", "raw_nb": "tab:orange", "ncfsm": "tab:blue",
-              "ncfsm_push": "tab:green", "raw_block_sync": "tab:gray", "raw_nb_yield": "tab:orange"}
+              "ncfsm_push": "tab:green", "ncfsm_auto": "tab:purple", "raw_block_sync": "tab:gray", "raw_nb_yield": "tab:orange"}
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
-    panels = [("b2b", B2B, "busbw", "back to back: busbw (GB/s)"),
+    one_rank = all(n == 1 for _, (_, n) in runs)
+    panels = [("b2b", B2B, "busbw", "back to back: " + ("algbw" if one_rank else "busbw") + " (GB/s)"),
               ("b2b", B2B, "ops", "back to back: ops/s"),
               ("one", ONE, "us", "one at a time: round trip (us)")]
     nranks = set()

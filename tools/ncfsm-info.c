@@ -87,6 +87,14 @@ typedef struct setting {
   X("NCFSM_POLL_MAX_US", numeric_note, NULL, "%u", lo.poll_max_us)                       \
   X("NCFSM_COALESCE_MAX", numeric_note, NULL, "%u%s", lo.coalesce_max,                   \
     lo.coalesce_max == 1 ? " (off)" : "")                                                \
+  X("NCFSM_COMPLETION", choice_note, completion, "%s",                                   \
+    lo.completion == NCFSM_COMPLETION_PUSH   ? "push"                                    \
+    : lo.completion == NCFSM_COMPLETION_AUTO ? "auto"                                    \
+                                             : "poll")                                   \
+  X("NCFSM_PUSH_FALLBACK_US", numeric_note, NULL, "%u", lo.push_fallback_us)             \
+  X("NCFSM_PUSH_AFTER_US", numeric_note, NULL, "%u", lo.push_after_us)                   \
+  X("NCFSM_PUSH_WAKE", choice_note, push_wake, "%s", push_wake_value())                  \
+  X("NCFSM_INIT_ROOTS", numeric_note, NULL, "%d", co.init_roots)                         \
   X("NCFSM_TIMING", numeric_note, NULL, "%d%s", co.timing, co.timing ? "" : " (off)")    \
   X("NCFSM_TRACE_BUFFER", numeric_note, NULL, "%u%s", co.trace_buffer,                   \
     co.trace_buffer ? "" : " (off)")                                                     \
@@ -95,7 +103,9 @@ typedef struct setting {
   X("NCFSM_DUMP_SIGNAL", numeric_note, NULL, "%d%s", lo.dump_on_signal,                  \
     lo.dump_on_signal ? "" : " (off)")                                                   \
   X("NCFSM_VERIFY", choice_note, verify, "%s",                                           \
-    co.verify == NCFSM_VERIFY_ASYNC ? "async" : "off")                                   \
+    co.verify == NCFSM_VERIFY_ASYNC    ? "async"                                         \
+    : co.verify == NCFSM_VERIFY_STRICT ? "strict"                                        \
+                                       : "off")                                          \
   X("NCFSM_VERIFY_WINDOW", numeric_note, NULL, "%u", co.verify_window)                   \
   X("NCFSM_VERIFY_STALL_MS", numeric_note, NULL, "%llu%s",                               \
     (unsigned long long)co.verify_stall_ms, co.verify_stall_ms ? "" : " (never)")        \
@@ -197,6 +207,12 @@ static const char *backend_note(const char *raw, const char *const *choices) {
   return choice_note_ci(raw, choices)[0] ? "unknown value: no backend opens" : "";
 }
 
+/* The nccl backend reads NCFSM_PUSH_WAKE itself (core/backend_nccl.c). */
+static const char *push_wake_value(void) {
+  const char *e = getenv("NCFSM_PUSH_WAKE");
+  return e && !strcmp(e, "event") ? "event" : "hostfn";
+}
+
 static void set(setting *s, const char *env, const char *note, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void set(setting *s, const char *env, const char *note, const char *fmt, ...) {
@@ -220,7 +236,9 @@ static void gather_settings(report *r) {
   static const char *const backends[] = {"auto", "sim", "nccl", "null", NULL};
   static const char *const on_error[] = {"abort", "stay", "exit", "revoke", NULL};
   static const char *const overlap[] = {"reject", "warn", "off", NULL};
-  static const char *const verify[] = {"off", "async", NULL};
+  static const char *const verify[] = {"off", "async", "strict", NULL};
+  static const char *const completion[] = {"poll", "push", "auto", NULL};
+  static const char *const push_wake[] = {"hostfn", "event", NULL};
   static const char *const levels[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE", NULL};
   const char *be = ncfsm__env_str("NCFSM_BACKEND", "auto");
   char sub[128];

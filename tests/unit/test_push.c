@@ -187,6 +187,55 @@ static void test_push_none_within_burst(void **state) {
   teardown_all(loop, c, 2);
 }
 
+/* auto: polls (no host function) until push_after_us passed without
+ * progress, then pushes; the wait is never handed to the stream earlier. */
+static void test_auto_pushes_after(void **state) {
+  (void)state;
+  ncfsm_loop_opts lo;
+  ncfsm_loop_opts_init(&lo);
+  lo.completion = NCFSM_COMPLETION_AUTO;
+  lo.push_after_us = 20000;
+  lo.push_fallback_us = 1000000;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(&lo, &loop), NCFSM_OK);
+  ncfsm_sim_opts so;
+  test_sim_opts(&so);
+  ncfsm_comm *c[2];
+  make_ready(loop, c, 2, &so);
+  done_ok = done_bad = 0;
+  ncfsm__notifier *n = loop->notifier;
+  assert_non_null(n);
+  uint64_t t0 = ncfsm__now_ns();
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0][3], buf[0][3], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                                   NULL),
+                   NCFSM_OK);
+  for (int i = 0; i < 1000000 && !loop->push_armed; i++) {
+    run_turns(loop, 1);
+    if (ncfsm__now_ns() - t0 < 20000000ull) assert_false(loop->push_armed); /* polls before push_after_us */
+  }
+  assert_true(loop->push_armed);
+  assert_true(ncfsm__now_ns() - t0 >= 20000000ull);
+  assert_int_equal(atomic_load(&n->posted), 1);
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1][3], buf[1][3], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
+                                   NULL),
+                   NCFSM_OK);
+  for (int i = 0; i < 1000 && done_ok < 2; i++) run_turns(loop, 1);
+  assert_int_equal(done_ok, 2);
+  assert_true(atomic_load(&n->wakes) >= 1);
+  teardown_all(loop, c, 2);
+}
+
+/* A completion mode that does not exist is refused, not taken for poll. */
+static void test_bad_completion(void **state) {
+  (void)state;
+  ncfsm_loop_opts lo;
+  ncfsm_loop_opts_init(&lo);
+  lo.completion = 7;
+  ncfsm_loop *loop = NULL;
+  assert_int_equal(ncfsm_loop_new(&lo, &loop), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_null(loop);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_push_completes),
@@ -194,6 +243,8 @@ int main(void) {
       cmocka_unit_test(test_push_keeps_launch_polls),
       cmocka_unit_test(test_push_one_per_wait),
       cmocka_unit_test(test_push_none_within_burst),
+      cmocka_unit_test(test_auto_pushes_after),
+      cmocka_unit_test(test_bad_completion),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
