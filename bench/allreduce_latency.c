@@ -979,8 +979,7 @@ static void *gate_opener(void *arg) {
 
 /* The stream waits until the flag is 1; a thread sets it delay_us from now. */
 static void gate_close(gate *g, void *stream, long delay_us) {
-  *g->flag = 0;
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  __atomic_store_n(g->flag, 0u, __ATOMIC_SEQ_CST);
   int rc = g->wait(stream, g->dflag, 1, 0 /* CU_STREAM_WAIT_VALUE_GEQ */);
   if (rc != 0) die("cuStreamWaitValue32: CUresult %d", rc);
   g->delay_us = delay_us;
