@@ -275,8 +275,13 @@ static inline uint64_t ncfsm__deadline(uint64_t now_ns, uint64_t ms) {
   return now_ns + ms * 1000000ull;
 }
 
+/* The table's state flags (fsm/table.c), read inline on the hot paths; a
+ * comm's state is always a valid index. */
+extern const unsigned ncfsm__state_flag_tab[NCFSM_STATE_COUNT];
+static inline unsigned ncfsm__sflags(ncfsm_state_t s) { return ncfsm__state_flag_tab[s]; }
+
 static inline bool ncfsm__has(const ncfsm_comm *c, unsigned flag) {
-  return (ncfsm_state_flags(c->state) & flag) != 0;
+  return (ncfsm__sflags(c->state) & flag) != 0;
 }
 
 #define NCFSM__IS_ERR(rc) ((rc) != NCFSM__NCCL_SUCCESS && (rc) != NCFSM__NCCL_IN_PROGRESS)

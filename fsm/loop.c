@@ -145,7 +145,7 @@ bool ncfsm__push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream
 static bool push_covers(ncfsm_loop *loop) {
   if (loop->opts.completion == NCFSM_COMPLETION_POLL || !loop->notifier || loop->ctl || loop->nqueued) return false;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
-    unsigned f = ncfsm_state_flags(c->state);
+    unsigned f = ncfsm__sflags(c->state);
     if ((f & NCFSM_SF_POLL) || c->launching || c->vq_head || c->sf_head || c->sp_head ||
         c->state == NCFSM_STATE_DRAINING || c->state == NCFSM_STATE_ABORT_QUEUED)
       return false;
@@ -264,10 +264,10 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
   pthread_cond_broadcast(&loop->cv);
 }
 
-static void turn(ncfsm_loop *loop, bool poll) {
+/* One turn; the caller holds loop->mu (turn() takes it). */
+static void turn_held(ncfsm_loop *loop, bool poll) {
   ncfsm_loop *outer = tls_in_turn;
   tls_in_turn = loop;
-  pthread_mutex_lock(&loop->mu);
   set_runner(loop);
   if (poll || loop->poll_now) loop->poll_armed = loop->push_armed = false;
   loop->poll_now = false;
@@ -289,8 +289,13 @@ static void turn(ncfsm_loop *loop, bool poll) {
   loop->progress_hint = false;
   if ((hint || !loop->poll_armed) && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, hint);
   clear_runner(loop);
-  pthread_mutex_unlock(&loop->mu);
   tls_in_turn = outer;
+}
+
+static void turn(ncfsm_loop *loop, bool poll) {
+  pthread_mutex_lock(&loop->mu);
+  turn_held(loop, poll);
+  pthread_mutex_unlock(&loop->mu);
 }
 
 /* Something to do without waiting: queued work (kick), an immediate re-poll,
@@ -426,7 +431,7 @@ struct event_base *ncfsm_loop_base(ncfsm_loop *loop) {
  * final, works in flight, an abort to issue. */
 bool ncfsm__loop_poll_pending(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
-    unsigned f = ncfsm_state_flags(c->state);
+    unsigned f = ncfsm__sflags(c->state);
     if ((f & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE)) || c->state == NCFSM_STATE_DRAINING ||
         c->state == NCFSM_STATE_ABORT_QUEUED || c->launching || c->vq_head || c->sf_head || c->sp_head)
       return true;
@@ -468,9 +473,14 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
     bool yield = loop->poll_now && !loop->kick;
     bool pending = direct || ncfsm__loop_pending(loop);
     if (!direct && mode == NCFSM_RUN_DEFAULT && !pending) break;
+    if (direct && !yield) { /* no need to go through libevent, nor to drop the lock */
+      turn_held(loop, false);
+      if (mode != NCFSM_RUN_DEFAULT) break;
+      continue;
+    }
     pthread_mutex_unlock(&loop->mu);
     if (direct) {
-      direct_turn(loop, yield); /* no need to go through libevent */
+      direct_turn(loop, yield); /* yields the CPU first, without the lock */
     } else {
       /* NONBLOCK alone keeps libevent looping while a timer expires again
        * before it checks (a 1 us poll interval): ONCE ends after one pass. */

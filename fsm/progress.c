@@ -17,7 +17,7 @@ static bool has_inflight(const ncfsm_comm *c) {
 
 static bool needs_poll(ncfsm_comm *c, uint64_t *now) {
   if (!c->bcomm) return false;
-  unsigned f = ncfsm_state_flags(c->state);
+  unsigned f = ncfsm__sflags(c->state);
   if (f & NCFSM_SF_POLL) return true;
   if (!(f & NCFSM_SF_WORKS) || !has_inflight(c)) return false;
   if (!*now) *now = ncfsm__now_ns();

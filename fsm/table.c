@@ -11,7 +11,7 @@ static const char *const state_names[] = {
 #include "fsm/comm.def"
 };
 
-static const unsigned state_flags[] = {
+const unsigned ncfsm__state_flag_tab[NCFSM_STATE_COUNT] = {
 #define NCFSM_STATE(name, flags, desc) (flags),
 #include "fsm/comm.def"
 };
@@ -113,7 +113,7 @@ const char *ncfsm_state_name(ncfsm_state_t s) {
   return (unsigned)s < NCFSM_STATE_COUNT ? state_names[s] : "UNKNOWN_STATE";
 }
 unsigned ncfsm_state_flags(ncfsm_state_t s) {
-  return (unsigned)s < NCFSM_STATE_COUNT ? state_flags[s] : 0;
+  return (unsigned)s < NCFSM_STATE_COUNT ? ncfsm__state_flag_tab[s] : 0;
 }
 const char *ncfsm_event_name(ncfsm_event_t e) {
   return (unsigned)e < NCFSM_EVENT_COUNT ? event_names[e] : "UNKNOWN_EVENT";
@@ -267,7 +267,7 @@ void ncfsm__fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t result) {
   NCFSM_TRACE(NCFSM__SUB_FSM, "[%s rank %d] %s --%s[%s]/%s (%s)--> %s", c->name, c->rank,
               ncfsm_state_name(from), ncfsm_event_name(ev), guards[r->guard].name,
               action_names[r->action], r->rule, ncfsm_state_name(next));
-  if ((state_flags[next] & NCFSM_SF_DEADLINE) && !(state_flags[from] & NCFSM_SF_DEADLINE))
+  if ((ncfsm__state_flag_tab[next] & NCFSM_SF_DEADLINE) && !(ncfsm__state_flag_tab[from] & NCFSM_SF_DEADLINE))
     c->phase_deadline = ncfsm__deadline(ncfsm__now_ns(), c->opts.timeout_ms);
   note_state(c, from, next, ev, result);
   ncfsm__act(c, (ncfsm_action_t)r->action, ev, from);

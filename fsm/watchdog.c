@@ -35,7 +35,7 @@ void ncfsm__watchdog(ncfsm_comm *c, uint64_t now) {
           return;
         }
   if (!c->opts.timeout_ms) return;
-  unsigned f = ncfsm_state_flags(c->state);
+  unsigned f = ncfsm__sflags(c->state);
   if ((f & NCFSM_SF_DEADLINE) && c->phase_deadline && now > c->phase_deadline) {
     char what[200];
     snprintf(what, sizeof what, "watchdog: state %s did not end within %llu ms",
