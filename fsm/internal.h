@@ -223,7 +223,6 @@ struct ncfsm_loop {
   struct event *ev_poll; /* progress timer */
   bool poll_armed;
   bool push_armed;       /* the armed poll is push completion's slow fallback timer */
-  bool progress_hint;    /* something was launched this turn: the schedule restarts its burst */
   bool kick;             /* something needs a turn (launch, init, abort, finalize) */
   bool poll_now;         /* an immediate re-poll is due (own base: turned directly) */
   unsigned poll_iter;
@@ -400,7 +399,9 @@ void ncfsm__recover_cancel_all(ncfsm_loop *loop);
 void ncfsm__recover_detach(ncfsm_comm *c);
 
 /* ---- progress.c ---- */
-void ncfsm__progress(ncfsm_loop *loop);
+/* Polls, events, exchanges and the watchdog of every comm; true on progress
+ * (a state change, a completion). The caller arms the next poll. */
+bool ncfsm__progress(ncfsm_loop *loop);
 /* Observe c's completion events now; true when some work completed. */
 bool ncfsm__drain(ncfsm_comm *c);
 

@@ -273,20 +273,20 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
   loop->poll_now = false;
   loop->kick = false;
   if (atomic_exchange(&loop->async_kick, 0)) loop->ctl = true;
-  ncfsm__progress(loop);
+  /* Progress (a state change, a completion) and a launch restart the
+   * burst; the poll is armed once, at the end of the turn. */
+  bool hint = ncfsm__progress(loop);
   if (ncfsm__launch(loop)) {
-    loop->progress_hint = true; /* a launch restarts the burst, as a completion does */
-    ncfsm__progress(loop);      /* fast ops may be done already */
+    hint = true;
+    ncfsm__progress(loop); /* fast ops may be done already */
     if (loop->nqueued) loop->kick = true; /* the next batch may go at once */
   }
   ncfsm__loop_flush_notes(loop);
   /* A callback may have submitted work: launch it in this turn. */
   if (loop->nqueued) {
-    if (ncfsm__launch(loop)) loop->progress_hint = true;
+    if (ncfsm__launch(loop)) hint = true;
     ncfsm__loop_flush_notes(loop);
   }
-  bool hint = loop->progress_hint;
-  loop->progress_hint = false;
   if ((hint || !loop->poll_armed) && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, hint);
   clear_runner(loop);
   tls_in_turn = outer;
@@ -595,11 +595,12 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   set_runner(loop);
   ncfsm_loop *outer = tls_in_turn;
   tls_in_turn = loop;
-  ncfsm__progress(loop);
+  bool progressed = ncfsm__progress(loop);
   ncfsm__loop_flush_notes(loop);
   tls_in_turn = outer;
   clear_runner(loop);
   if (loop->comms || loop->calls_head) { /* released but still referenced by user-held works */
+    if ((progressed || !loop->poll_armed) && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, progressed);
     ncfsm__loop_error(loop, "ncfsm_loop_close: work handles are still held; ncfsm_work_release them first");
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_BUSY;

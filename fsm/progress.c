@@ -100,9 +100,8 @@ static bool drain_streams(ncfsm_comm *c) {
  * comm's work: later completions are not trusted). */
 bool ncfsm__drain(ncfsm_comm *c) { return c->nsq && drain_streams(c); }
 
-void ncfsm__progress(ncfsm_loop *loop) {
-  bool progress = loop->progress_hint; /* a launch in this turn */
-  loop->progress_hint = false;
+bool ncfsm__progress(ncfsm_loop *loop) {
+  bool progress = false;
   uint64_t now = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     /* first: a drained comm needs no async watch */
@@ -121,5 +120,5 @@ void ncfsm__progress(ncfsm_loop *loop) {
       ncfsm__watchdog(c, now);
     }
   }
-  if (ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, progress);
+  return progress;
 }
