@@ -54,7 +54,7 @@ END {
       kv["rt.torch_OFF.median_us"], kv["rt.torch_DETAIL.median_us"]
     print "| strict channel | ncfsm off us | strict us | strict adds us | share of what DETAIL adds | goal <= 5% |"
     print "|---|---:|---:|---:|---:|---|"
-    n = split("strict_boot strict_tcp", v, " ")
+    n = split("strict_boot strict_tcp strict_nccl", v, " ")
     for (i = 1; i <= n; i++) {
       k = "vrt." v[i] ".median_us"
       if (!has(k)) continue

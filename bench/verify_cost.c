@@ -7,8 +7,9 @@
  *   --iters N        8-byte round trips per variant and round (default 500)
  *   --rounds R       interleaved rounds (default 3)
  *   --stream-ops N   ops of the small-op stream per round (default 5000)
- *   --port P         the two TCP stores hosted by rank 0 listen on 127.0.0.1:P and P+1 (default 29650)
- *   --stores A1,A2   use two running stores (ncfsm-store, token NCFSM_STORE_TOKEN) instead
+ *   --port P         the three TCP stores hosted by rank 0 listen on 127.0.0.1:P, P+1 and P+2
+ *                    (default 29650)
+ *   --stores A1,A2,A3 use three running stores (ncfsm-store, token NCFSM_STORE_TOKEN) instead
  *   --quick          tiny counts, for a smoke test
  *
  * One process per rank (mpirun: the main bootstrap is PMIx; or the TCP store
@@ -19,6 +20,8 @@
  *   strict_boot  strict, exchanging through the main bootstrap (PMIx under mpirun)
  *   strict_tcp   strict, exchanging through a TCP store (rank 0 hosts it on port P)
  *   async_tcp    async, window 64, through a TCP store on port P+1
+ *   strict_nccl  strict, exchanging through an AllGather on a companion NCCL communicator
+ *                (opts.verify_channel NCCL; its unique id goes through a TCP store on port P+2)
  * Round trip: ncfsm_allreduce of 8 bytes + ncfsm_work_wait (this thread
  * drives the loop). Stream: N 8-byte AllReduces submitted back to back, then
  * the loop runs until every callback came; ops/s. Rank 0 prints Markdown and
@@ -43,8 +46,8 @@
     }                                                                                        \
   } while (0)
 
-enum { V_OFF, V_STRICT_BOOT, V_STRICT_TCP, V_ASYNC_TCP, NV };
-static const char *const vname[NV] = {"off", "strict_boot", "strict_tcp", "async_tcp"};
+enum { V_OFF, V_STRICT_BOOT, V_STRICT_TCP, V_ASYNC_TCP, V_STRICT_NCCL, NV };
+static const char *const vname[NV] = {"off", "strict_boot", "strict_tcp", "async_tcp", "strict_nccl"};
 
 static double now_us(void) {
   struct timespec ts;
@@ -95,26 +98,29 @@ static ncfsm_boot *open_tcp(ncfsm_loop *loop, int rank, int size, int port, cons
 
 int main(int argc, char **argv) {
   int iters = 500, rounds = 3, stream_ops = 5000, port = 29650;
-  char *stores[2] = {NULL, NULL};
+  char *stores[3] = {NULL, NULL, NULL};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--stream-ops") && i + 1 < argc) stream_ops = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--port") && i + 1 < argc) port = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--stores") && i + 1 < argc && strchr(argv[i + 1], ',')) {
+    else if (!strcmp(argv[i], "--stores") && i + 1 < argc && strchr(argv[i + 1], ',') &&
+             strchr(strchr(argv[i + 1], ',') + 1, ',')) {
       stores[0] = argv[++i];
       stores[1] = strchr(stores[0], ',') + 1;
       stores[1][-1] = 0;
+      stores[2] = strchr(stores[1], ',') + 1;
+      stores[2][-1] = 0;
     }
     else if (!strcmp(argv[i], "--quick")) iters = 20, rounds = 2, stream_ops = 200;
     else {
-      fprintf(stderr, "usage: %s [--iters N] [--rounds R] [--stream-ops N] [--port P | --stores A1,A2] [--quick]\n",
-              argv[0]);
+      fprintf(stderr, "usage: %s [--iters N] [--rounds R] [--stream-ops N] [--port P | --stores A1,A2,A3] "
+                      "[--quick]\n", argv[0]);
       return 2;
     }
   }
-  if (iters < 1 || rounds < 1 || stream_ops < 1 || port < 1 || port > 65534) {
-    fprintf(stderr, "verify_cost: counts must be positive and the port in 1..65534\n");
+  if (iters < 1 || rounds < 1 || stream_ops < 1 || port < 1 || port > 65533) {
+    fprintf(stderr, "verify_cost: counts must be positive and the port in 1..65533\n");
     return 2;
   }
   ncfsm_loop *loop;
@@ -134,12 +140,14 @@ int main(int argc, char **argv) {
   }
   ncfsm_boot *tcp1 = open_tcp(loop, rank, size, port, stores[0]);
   ncfsm_boot *tcp2 = open_tcp(loop, rank, size, port + 1, stores[1]);
+  ncfsm_boot *tcp3 = open_tcp(loop, rank, size, port + 2, stores[2]);
   ncfsm_backend_info bi;
   CHECK(ncfsm_backend_query(NCFSM_BACKEND_AUTO, &bi));
 
   ncfsm_comm *c[NV];
-  ncfsm_boot *boots[NV] = {boot, boot, tcp1, tcp2};
-  ncfsm_verify_mode_t modes[NV] = {NCFSM_VERIFY_OFF, NCFSM_VERIFY_STRICT, NCFSM_VERIFY_STRICT, NCFSM_VERIFY_ASYNC};
+  ncfsm_boot *boots[NV] = {boot, boot, tcp1, tcp2, tcp3};
+  ncfsm_verify_mode_t modes[NV] = {NCFSM_VERIFY_OFF, NCFSM_VERIFY_STRICT, NCFSM_VERIFY_STRICT, NCFSM_VERIFY_ASYNC,
+                                   NCFSM_VERIFY_STRICT};
   void *buf[NV];
   /* One after the other: the main bootstrap carries off's and strict_boot's
    * unique id exchanges, in this order on every rank, then strict_boot's
@@ -151,6 +159,7 @@ int main(int argc, char **argv) {
     o.device = bi.kind == NCFSM_BACKEND_NCCL ? ncfsm_boot_local_rank(boot) : 0;
     o.verify = modes[v];
     o.verify_window = 64;
+    o.verify_channel = v == V_STRICT_NCCL ? NCFSM_VERIFY_CHANNEL_NCCL : NCFSM_VERIFY_CHANNEL_BOOTSTRAP;
     o.verify_stall_ms = 30000;
     o.dump_dir = "";
     CHECK(ncfsm_comm_new(loop, &o, &c[v]));
@@ -242,6 +251,7 @@ int main(int argc, char **argv) {
     ncfsm_comm_release(c[v]);
     free(rt[v]);
   }
+  ncfsm_boot_close(tcp3);
   ncfsm_boot_close(tcp2);
   ncfsm_boot_close(tcp1);
   ncfsm_boot_close(boot);

@@ -51,6 +51,10 @@ void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
   o->verify_window = (unsigned)ncfsm__env_ll("NCFSM_VERIFY_WINDOW", 64);
   o->init_roots = (int)ncfsm__env_ll("NCFSM_INIT_ROOTS", 1);
   o->verify_stall_ms = (uint64_t)ncfsm__env_ll("NCFSM_VERIFY_STALL_MS", 5000);
+  const char *vc = ncfsm__env_str("NCFSM_VERIFY_CHANNEL", "bootstrap");
+  o->verify_channel = !strcmp(vc, "nccl") ? NCFSM_VERIFY_CHANNEL_NCCL : NCFSM_VERIFY_CHANNEL_BOOTSTRAP;
+  if (strcmp(vc, "nccl") && strcmp(vc, "bootstrap"))
+    NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "NCFSM_VERIFY_CHANNEL=%s is not bootstrap or nccl: bootstrap", vc);
   const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
   o->on_error = !strcmp(p, "stay")     ? NCFSM_ON_ERROR_STAY
                 : !strcmp(p, "exit")   ? NCFSM_ON_ERROR_EXIT
@@ -209,6 +213,11 @@ ncfsm_result_t ncfsm_comm_init_boot(ncfsm_comm *c, struct ncfsm_boot *boot) {
   if (r == NCFSM_OK) {
     c->boot = boot;
     if (c->opts.verify != NCFSM_VERIFY_OFF && size > 1) c->vboot = boot;
+    if (c->opts.verify == NCFSM_VERIFY_STRICT && c->opts.verify_channel == NCFSM_VERIFY_CHANNEL_NCCL && size > 1 &&
+        ncfsm__comp_new(c) != NCFSM_OK) {
+      /* nothing is posted yet: the comm fails at its first poll (snomem) */
+      c->snomem = true;
+    }
     c->uid_buf = buf;
     c->nroots = nroots;
     ncfsm__loop_wake(loop);

@@ -142,6 +142,7 @@ struct ncfsm_comm {
   struct ncfsm__sreq *sf_head, *sf_tail; /* strict: exchanges posted, oldest first */
   uint64_t sround;    /* strict: exchanges posted so far (the same count on every rank) */
   bool snomem;        /* strict: an exchange could not be allocated; the comm fails */
+  struct ncfsm__comp *comp; /* strict over a companion NCCL comm (opts.verify_channel NCCL) */
   ncfsm_work *mismatched; /* strict: the work whose fingerprints differ (act_fail_mismatched) */
   char *uid_buf;                  /* nroots * NCFSM_UNIQUE_ID_BYTES: the roots' ids, broadcast */
   int nroots;                     /* ncfsm_comm_init_boot: roots of the unique ids (1: rank 0) */
@@ -378,6 +379,11 @@ bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now);
 void ncfsm__strict_forget(ncfsm_work *w);
 /* act_fail_mismatched: fail c->mismatched's whole batch with MISMATCH. */
 void ncfsm__strict_fail_batch(ncfsm_comm *c);
+/* Strict over a companion NCCL comm: c->comp, set up by strict polls once c
+ * is READY (its unique id broadcast through c's bootstrap). */
+ncfsm_result_t ncfsm__comp_new(ncfsm_comm *c);
+/* The companion needs polls (setting up, or an exchange in flight). */
+bool ncfsm__comp_busy(const ncfsm_comm *c);
 
 /* ---- split.c ---- */
 /* The parent's call is final (its async state is back): fire SPLIT_DONE. */

@@ -147,7 +147,8 @@ static bool push_covers(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     unsigned f = ncfsm__sflags(c->state);
     if ((f & NCFSM_SF_POLL) || c->launching || c->vq_head || c->sf_head || c->sp_head ||
-        c->state == NCFSM_STATE_DRAINING || c->state == NCFSM_STATE_ABORT_QUEUED)
+        (c->comp && ncfsm__comp_busy(c)) || c->state == NCFSM_STATE_DRAINING ||
+        c->state == NCFSM_STATE_ABORT_QUEUED)
       return false;
   }
   return true;
@@ -433,7 +434,8 @@ bool ncfsm__loop_poll_pending(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     unsigned f = ncfsm__sflags(c->state);
     if ((f & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE)) || c->state == NCFSM_STATE_DRAINING ||
-        c->state == NCFSM_STATE_ABORT_QUEUED || c->launching || c->vq_head || c->sf_head || c->sp_head)
+        c->state == NCFSM_STATE_ABORT_QUEUED || c->launching || c->vq_head || c->sf_head || c->sp_head ||
+        (c->comp && ncfsm__comp_busy(c)))
       return true;
     for (int i = 0; i < c->nsq; i++)
       if (c->sq[i].head) return true;

@@ -107,7 +107,7 @@ bool ncfsm__progress(ncfsm_loop *loop) {
     /* first: a drained comm needs no async watch */
     if (c->nsq && ncfsm__has(c, NCFSM_SF_WORKS)) progress |= drain_streams(c);
     if (needs_poll(c, &now)) progress |= poll_comm(c);
-    if (c->sp_head || c->sf_head || c->snomem) {
+    if (c->sp_head || c->sf_head || c->snomem || (c->comp && ncfsm__comp_busy(c))) {
       if (!now) now = ncfsm__now_ns();
       progress |= ncfsm__strict_poll(c, now);
     }

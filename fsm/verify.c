@@ -72,6 +72,8 @@ static void vreq_free(struct ncfsm__vreq *v) {
 
 static void strict_free(ncfsm_comm *c);
 
+static void comp_free(ncfsm_comm *c);
+
 void ncfsm__verify_free(ncfsm_comm *c) {
   while (c->vq_head) {
     struct ncfsm__vreq *v = c->vq_head;
@@ -80,6 +82,7 @@ void ncfsm__verify_free(ncfsm_comm *c) {
   }
   c->vq_tail = NULL;
   strict_free(c);
+  comp_free(c);
 }
 
 /* A failed comm stops verifying: its exchanges are dropped (a bootstrap
@@ -287,6 +290,39 @@ static int strict_compare(ncfsm_comm *c, const struct ncfsm__sreq *v, char *what
   return -1;
 }
 
+/* Every rank's fingerprint of v's collective is in v->all: let it launch, or
+ * fire MISMATCH. Frees v. True when the comm failed (the channel itself is
+ * out of step). */
+static bool strict_settle(ncfsm_comm *c, struct ncfsm__sreq *v) {
+  char what[600];
+  int f = strict_compare(c, v, what, sizeof what);
+  ncfsm_work *w = v->w;
+  if (f == 5) { /* the channel itself is out of step: nothing after this can be trusted */
+    sreq_free(v);
+    fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
+    return true;
+  }
+  if (w) {
+    w->sreq = NULL;
+    v->w = NULL;
+    if (f < 0) {
+      w->verified = true;
+      c->loop->kick = true;
+    } else {
+      ncfsm__set_error(c, "%s", what);
+      NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "%s", c->last_error);
+      c->mismatched = w;
+      ncfsm__fire(c, NCFSM_EV_MISMATCH, NCFSM_ERR_MISMATCH);
+      c->mismatched = NULL;
+      ncfsm__comm_dump(c, NULL, "verify");
+    }
+  }
+  sreq_free(v);
+  return false;
+}
+
+static bool comp_poll(ncfsm_comm *c, uint64_t now);
+
 bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now) {
   bool progress = false;
   char what[600];
@@ -295,7 +331,15 @@ bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now) {
          "strict verification: out of memory for a fingerprint exchange");
     return true;
   }
+  if (c->comp && (c->state == NCFSM_STATE_ERROR || c->state == NCFSM_STATE_ABORT_QUEUED ||
+                  c->state == NCFSM_STATE_CLOSING || c->state == NCFSM_STATE_CLOSED ||
+                  c->state == NCFSM_STATE_REVOKING || c->state == NCFSM_STATE_REVOKED ||
+                  c->state == NCFSM_STATE_SHRINKING)) { /* no collective of this comm will run again */
+    comp_free(c);
+    return false;
+  }
   if (!c->vboot || !c->bcomm || c->boot || !ncfsm__has(c, NCFSM_SF_WORKS)) return false;
+  if (c->comp) return comp_poll(c, now);
   /* post in queue order */
   while (c->sp_head) {
     struct ncfsm__sreq *v = c->sp_head;
@@ -342,29 +386,7 @@ bool ncfsm__strict_poll(ncfsm_comm *c, uint64_t now) {
     c->sf_head = v->next;
     if (!c->sf_head) c->sf_tail = NULL;
     progress = true;
-    int f = strict_compare(c, v, what, sizeof what);
-    ncfsm_work *w = v->w;
-    if (f == 5) { /* the channel itself is out of step: nothing after this can be trusted */
-      sreq_free(v);
-      fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
-      return true;
-    }
-    if (w) {
-      w->sreq = NULL;
-      v->w = NULL;
-      if (f < 0) {
-        w->verified = true;
-        c->loop->kick = true;
-      } else {
-        ncfsm__set_error(c, "%s", what);
-        NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "%s", c->last_error);
-        c->mismatched = w;
-        ncfsm__fire(c, NCFSM_EV_MISMATCH, NCFSM_ERR_MISMATCH);
-        c->mismatched = NULL;
-        ncfsm__comm_dump(c, NULL, "verify");
-      }
-    }
-    sreq_free(v);
+    if (strict_settle(c, v)) return true;
   }
   return progress;
 }
@@ -397,4 +419,261 @@ void ncfsm__strict_fail_batch(ncfsm_comm *c) {
   b->head = b->tail = NULL;
   b->nworks = 0;
   if (b->explicit_group) free(b);
+}
+
+/* ---- strict over a companion NCCL communicator ----------------------------------- */
+
+/*
+ * opts.verify_channel NCCL: the fingerprints go through an AllGather on a
+ * communicator of their own, made once the comm is READY from a unique id
+ * that rank 0 broadcasts through the comm's bootstrap. One exchange is in
+ * flight at a time, and it is posted only when the comm has no launch in
+ * progress and nothing verified waiting to launch. So on every rank the
+ * GPU sees the comm's collective k-1, then the companion's AllGather for k,
+ * then collective k: the same order everywhere (two communicators whose
+ * kernels reach the GPUs in different orders may deadlock). Each exchange:
+ * copy this rank's fingerprint to the device, AllGather, poll the
+ * companion's async state to success (R2), record an event, poll it, copy
+ * every rank's fingerprints back, compare (strict_settle).
+ */
+enum { COMP_ID, COMP_BCAST, COMP_INIT, COMP_READY };
+struct ncfsm__comp {
+  int phase;
+  ncfsm_unique_id id;
+  ncfsm_boot_req *req;
+  ncfsm_sim_opts sim; /* the sim's opts for the companion: defaults, but a dead rank stays dead */
+  void *bcomm, *stream, *ev;
+  ncfsm__smsg *dmine, *dall; /* device memory (host memory where the backend has none) */
+  bool host_mem;
+  struct ncfsm__sreq *cur; /* the exchange in flight */
+  bool recorded;           /* its event is recorded (the AllGather is final) */
+  uint64_t t_phase;        /* when the current phase (setup or exchange) began */
+};
+
+ncfsm_result_t ncfsm__comp_new(ncfsm_comm *c) {
+  struct ncfsm__comp *k = calloc(1, sizeof *k);
+  if (!k) return NCFSM_ERR_NO_MEMORY;
+  k->phase = COMP_ID;
+  ncfsm_sim_opts_init(&k->sim);
+  k->sim.dead = c->sim.dead;
+  k->sim.never_arrive = c->sim.never_arrive;
+  c->comp = k;
+  return NCFSM_OK;
+}
+
+bool ncfsm__comp_busy(const ncfsm_comm *c) { return c->comp->phase != COMP_READY || c->comp->cur; }
+
+static void comp_mem_free(ncfsm_comm *c, void *p) {
+  if (!p) return;
+  if (c->comp->host_mem) free(p);
+  else c->be->mem_free(c->opts.device, p);
+}
+
+/* Aborts the companion (whatever it is doing) and frees everything. */
+static void comp_free(ncfsm_comm *c) {
+  struct ncfsm__comp *k = c->comp;
+  if (!k) return;
+  if (k->req) ncfsm_boot_req_free(k->req);
+  if (k->bcomm) c->be->abort(k->bcomm);
+  if (k->ev) c->be->event_destroy(k->ev);
+  if (k->stream) c->be->stream_destroy(k->stream);
+  comp_mem_free(c, k->dmine);
+  comp_mem_free(c, k->dall);
+  if (k->cur) sreq_free(k->cur);
+  free(k);
+  c->comp = NULL;
+}
+
+/* Fails c with "<what> (<code>, <its name>)". */
+static bool comp_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, const char *what_, int code) {
+  char what[400];
+  snprintf(what, sizeof what, "%s (%d, %s)", what_, code, ncfsm__nccl_result_name(code));
+  fail(c, ev, cause, what);
+  return true;
+}
+
+static bool comp_stalled(ncfsm_comm *c, uint64_t now) {
+  return c->opts.verify_stall_ms && now - c->comp->t_phase > c->opts.verify_stall_ms * 1000000ull;
+}
+
+static void *comp_mem(ncfsm_comm *c, size_t bytes) {
+  void *p = NULL;
+  if (c->comp->host_mem) return calloc(1, bytes);
+  return c->be->mem_alloc(c->opts.device, bytes, &p) == 0 ? p : NULL;
+}
+
+/* Set-up: id, broadcast, init, polled to success. True on progress. */
+static bool comp_setup(ncfsm_comm *c, uint64_t now) {
+  struct ncfsm__comp *k = c->comp;
+  char what[400];
+  switch (k->phase) {
+    case COMP_ID: {
+      if (c->rank == 0 && c->be->get_unique_id(&k->id) != NCFSM__NCCL_SUCCESS)
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
+                         "strict verification (channel nccl): no unique id for the companion communicator",
+                         NCFSM__NCCL_INTERNAL_ERROR);
+      ncfsm_result_t r = ncfsm_boot_bcast_post(c->vboot, &k->id, sizeof k->id, 0, &k->req);
+      if (r != NCFSM_OK) {
+        snprintf(what, sizeof what, "strict verification (channel nccl): the bootstrap refused the companion's "
+                                    "unique id broadcast (%s): %s", ncfsm_err_name(r), ncfsm_boot_last_error(c->vboot));
+        fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, what);
+        return true;
+      }
+      ncfsm_boot_req_on_done(k->req, sreq_done, c->loop);
+      k->phase = COMP_BCAST;
+      k->t_phase = now;
+      return true;
+    }
+    case COMP_BCAST: {
+      ncfsm_result_t r = ncfsm_boot_test(k->req);
+      if (r == NCFSM_ERR_AGAIN) {
+        if (!comp_stalled(c, now)) return false;
+        snprintf(what, sizeof what, "strict verification (channel nccl): not every rank reached the companion "
+                                    "communicator's set-up within %llu ms", (unsigned long long)c->opts.verify_stall_ms);
+        fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+        return true;
+      }
+      ncfsm_boot_req_free(k->req);
+      k->req = NULL;
+      if (r != NCFSM_OK) {
+        snprintf(what, sizeof what, "strict verification (channel nccl): the companion's unique id broadcast "
+                                    "failed (%s)", ncfsm_err_name(r));
+        fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, what);
+        return true;
+      }
+      char name[96];
+      snprintf(name, sizeof name, "%s.verify", c->name);
+      ncfsm__comm_config cfg = {0, c->opts.device, &k->sim, name};
+      k->host_mem = c->be->mem_alloc == NULL;
+      size_t one = sizeof(ncfsm__smsg);
+      if (c->be->stream_create(c->opts.device, &k->stream) != 0 ||
+          (c->be->event_create_flags ? c->be->event_create_flags(c->opts.device, 0, &k->ev)
+                                     : c->be->event_create(c->opts.device, &k->ev)) != 0 ||
+          !(k->dmine = comp_mem(c, one)) || !(k->dall = comp_mem(c, one * (size_t)c->nranks)))
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
+                         "strict verification (channel nccl): no stream, event or device memory for the "
+                         "companion communicator", NCFSM__NCCL_UNHANDLED_CUDA_ERROR);
+      int rc = c->be->comm_init(&k->bcomm, c->nranks, &k->id, c->rank, &cfg);
+      if (NCFSM__IS_ERR(rc)) {
+        k->bcomm = NULL;
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc),
+                         "strict verification (channel nccl): the companion communicator's init failed",
+                         rc);
+      }
+      k->phase = COMP_INIT;
+      k->t_phase = now;
+      return true;
+    }
+    case COMP_INIT: {
+      int st = NCFSM__NCCL_SUCCESS;
+      int rc = c->be->get_async_error(k->bcomm, &st);
+      if (NCFSM__IS_ERR(rc) || NCFSM__IS_ERR(st))
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(NCFSM__IS_ERR(rc) ? rc : st),
+                         "strict verification (channel nccl): the companion communicator's init failed",
+                         NCFSM__IS_ERR(rc) ? rc : st);
+      if (st == NCFSM__NCCL_IN_PROGRESS) {
+        if (!comp_stalled(c, now)) return false;
+        snprintf(what, sizeof what, "strict verification (channel nccl): the companion communicator was not "
+                                    "ready within %llu ms", (unsigned long long)c->opts.verify_stall_ms);
+        fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+        return true;
+      }
+      k->phase = COMP_READY;
+      return true;
+    }
+    default: return false;
+  }
+}
+
+/* The next exchange may go: no launch of c in progress, nothing of c
+ * verified waiting to launch (its kernels go first on every rank). */
+static bool comp_may_post(const ncfsm_comm *c) {
+  if (c->launching) return false;
+  for (const ncfsm__blink *l = c->bq_head; l; l = l->next) {
+    bool any = false, all = true;
+    for (const ncfsm_work *x = l->b->head; x; x = x->bnext)
+      if (x->comm == c && x->fp.peer < 0) {
+        any = true;
+        all = all && x->verified;
+      }
+    if (any && all) return false;
+  }
+  return true;
+}
+
+static bool comp_poll(ncfsm_comm *c, uint64_t now) {
+  struct ncfsm__comp *k = c->comp;
+  if (k->phase != COMP_READY) {
+    bool p = comp_setup(c, now);
+    if (!c->comp || c->comp->phase != COMP_READY) return p;
+  }
+  bool progress = false;
+  for (;;) {
+    struct ncfsm__sreq *v = k->cur;
+    if (!v) {
+      if (!c->sp_head || !comp_may_post(c)) return progress;
+      v = c->sp_head;
+      c->sp_head = v->next;
+      if (!c->sp_head) c->sp_tail = NULL;
+      v->next = NULL;
+      v->mine.round = c->sround++;
+      k->cur = v;
+      k->recorded = false;
+      k->t_phase = now;
+      size_t one = sizeof(ncfsm__smsg);
+      int rc = 0;
+      if (k->host_mem) memcpy(k->dmine, &v->mine, one);
+      else rc = c->be->memcpy_sync(c->opts.device, k->dmine, &v->mine, one, 1);
+      if (rc != 0)
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
+                         "strict verification (channel nccl): copying the fingerprint to the device failed",
+                         rc);
+      ncfsm__op op = {NCFSM_KIND_ALLGATHER, k->dmine, k->dall, one, NCFSM_UINT8, NCFSM_OP_SUM, -1, -1, k->stream};
+      rc = c->be->op(k->bcomm, &op);
+      if (NCFSM__IS_ERR(rc))
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc),
+                         "strict verification (channel nccl): the companion's AllGather failed", rc);
+      progress = true;
+    }
+    if (!k->recorded) {
+      int st = NCFSM__NCCL_SUCCESS;
+      int rc = c->be->get_async_error(k->bcomm, &st);
+      if (NCFSM__IS_ERR(rc) || NCFSM__IS_ERR(st))
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(NCFSM__IS_ERR(rc) ? rc : st),
+                         "strict verification (channel nccl): the companion communicator failed",
+                         NCFSM__IS_ERR(rc) ? rc : st);
+      if (st == NCFSM__NCCL_IN_PROGRESS) break; /* R2: no event before the launch is final */
+      if ((rc = c->be->event_record(k->ev, k->stream)) != 0)
+        return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
+                         "strict verification (channel nccl): recording the companion's event failed",
+                         rc);
+      k->recorded = true;
+    }
+    int q = c->be->event_query(k->ev);
+    if (q == 1) break;
+    if (q != 0)
+      return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
+                       "strict verification (channel nccl): the companion's event failed", q);
+    size_t all = sizeof(ncfsm__smsg) * (size_t)c->nranks;
+    int rc = 0;
+    if (k->host_mem) memcpy(v->all, k->dall, all);
+    else rc = c->be->memcpy_sync(c->opts.device, v->all, k->dall, all, 0);
+    if (rc != 0)
+      return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
+                       "strict verification (channel nccl): copying the fingerprints from the device failed",
+                       rc);
+    k->cur = NULL;
+    progress = true;
+    if (strict_settle(c, v)) return true;
+  }
+  if (!comp_stalled(c, now)) return progress;
+  char what[400];
+  struct ncfsm__sreq *v = k->cur;
+  snprintf(what, sizeof what,
+           "strict verification (channel nccl): not every rank submitted collective seq %llu (%s) within %llu ms "
+           "of this rank (a rank stopped, skipped a collective or is far behind); nothing of it was launched",
+           (unsigned long long)(v->w ? strict_seq(c, v->w) : c->coll_seq),
+           ncfsm_opkind_name((ncfsm_opkind_t)v->mine.op), (unsigned long long)c->opts.verify_stall_ms);
+  fail(c, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+  return true;
 }

@@ -273,6 +273,18 @@ typedef enum ncfsm_verify_mode {
                            ncfsm_comm_init_boot, as async does */
 } ncfsm_verify_mode_t;
 
+/* Where strict verification exchanges the fingerprints (docs/ordering.md). */
+typedef enum ncfsm_verify_channel {
+  NCFSM_VERIFY_CHANNEL_BOOTSTRAP = 0, /* default: an allgather through the comm's bootstrap,
+                                         pipelined (every queued collective's exchange is posted) */
+  NCFSM_VERIFY_CHANNEL_NCCL          /* an AllGather on a companion NCCL communicator made from a
+                                         unique id broadcast through the bootstrap once the comm is
+                                         READY; one exchange at a time, posted only when this comm
+                                         has nothing verified waiting to launch and no launch in
+                                         progress, so that on every rank the companion's kernels
+                                         reach the GPU in the same order relative to the comm's */
+} ncfsm_verify_channel_t;
+
 typedef void (*ncfsm_state_cb)(ncfsm_comm *comm, ncfsm_state_t from, ncfsm_state_t to,
                                ncfsm_event_t ev, void *arg);
 
@@ -295,6 +307,8 @@ typedef struct ncfsm_comm_opts {
   unsigned verify_window;       /* collectives per exchange (default 64; NCFSM_VERIFY_WINDOW) */
   uint64_t verify_stall_ms;     /* async/strict: an exchange not done by then fails the comm (default 5000;
                                    NCFSM_VERIFY_STALL_MS; 0 = never) */
+  ncfsm_verify_channel_t verify_channel; /* strict's exchange: bootstrap (default) or nccl
+                                   (NCFSM_VERIFY_CHANNEL) */
   int init_roots;               /* ncfsm_comm_init_boot: unique ids made by this many roots (ranks
                                    floor(j*size/roots)), shared by a broadcast; > 1 initialises with
                                    ncclCommInitRankScalable where the runtime has it (NCCL 2.23+),

@@ -107,6 +107,8 @@ typedef struct setting {
     : co.verify == NCFSM_VERIFY_STRICT ? "strict"                                        \
                                        : "off")                                          \
   X("NCFSM_VERIFY_WINDOW", numeric_note, NULL, "%u", co.verify_window)                   \
+  X("NCFSM_VERIFY_CHANNEL", choice_note, verify_channel, "%s",                           \
+    co.verify_channel == NCFSM_VERIFY_CHANNEL_NCCL ? "nccl" : "bootstrap")               \
   X("NCFSM_VERIFY_STALL_MS", numeric_note, NULL, "%llu%s",                               \
     (unsigned long long)co.verify_stall_ms, co.verify_stall_ms ? "" : " (never)")        \
   X("NCFSM_DEBUG", choice_note_ci, levels, "%s", level_name(ncfsm__log_level))           \
@@ -238,6 +240,7 @@ static void gather_settings(report *r) {
   static const char *const overlap[] = {"reject", "warn", "off", NULL};
   static const char *const verify[] = {"off", "async", "strict", NULL};
   static const char *const completion[] = {"poll", "push", "auto", NULL};
+  static const char *const verify_channel[] = {"bootstrap", "nccl", NULL};
   static const char *const push_wake[] = {"hostfn", "event", NULL};
   static const char *const levels[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE", NULL};
   const char *be = ncfsm__env_str("NCFSM_BACKEND", "auto");
