@@ -368,20 +368,23 @@ static void sleep_us(long us) {
   }
 }
 
-/* Wait for a raw nonblocking launch to be final, then for its event (R2).
+/* Wait for a raw nonblocking launch to be final (R2).
  * sleep: microseconds between polls; 0: sched_yield; -1: busy poll. */
-static void raw_nb_wait(ncclComm_t c, cudaStream_t s, cudaEvent_t ev, ncclResult_t launch_rc, long sleep) {
-  if (launch_rc == ncclInProgress) {
-    ncclResult_t st;
-    for (;;) {
-      NCK(nc.ncclCommGetAsyncError(c, &st));
-      if (st != ncclInProgress) break;
-      if (sleep > 0) sleep_us(sleep);
-      else if (sleep == 0) sched_yield();
-    }
-    if (st != ncclSuccess) die("async error %s", nc.ncclGetErrorString(st));
+static void raw_nb_final(ncclComm_t c, ncclResult_t launch_rc, long sleep) {
+  if (launch_rc != ncclInProgress) return;
+  ncclResult_t st;
+  for (;;) {
+    NCK(nc.ncclCommGetAsyncError(c, &st));
+    if (st != ncclInProgress) break;
+    if (sleep > 0) sleep_us(sleep);
+    else if (sleep == 0) sched_yield();
   }
-  CCK(rt.cudaEventRecord(ev, s));
+  if (st != ncclSuccess) die("async error %s", nc.ncclGetErrorString(st));
+}
+
+static void raw_nb_wait(ncclComm_t c, cudaStream_t s, cudaEvent_t ev, ncclResult_t launch_rc, long sleep) {
+  raw_nb_final(c, launch_rc, sleep);
+  CCK(rt.cudaEventRecord(ev, s)); /* then for its event */
   cudaError_t e;
   while ((e = rt.cudaEventQuery(ev)) == cudaErrorNotReady) {
     if (sleep > 0) sleep_us(sleep);
@@ -552,14 +555,7 @@ static void bw_run(bench *b, int v, float *buf, size_t count, int n) {
       for (int i = 0; i < n; i++) {
         ncclResult_t r = nc.ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, b->rn, b->s_rn);
         NCK(r);
-        if (r == ncclInProgress) {
-          ncclResult_t st;
-          do {
-            NCK(nc.ncclCommGetAsyncError(b->rn, &st));
-            if (st == ncclInProgress) sched_yield();
-          } while (st == ncclInProgress);
-          if (st != ncclSuccess) die("async error %s", nc.ncclGetErrorString(st));
-        }
+        raw_nb_final(b->rn, r, 0);
       }
       raw_nb_wait(b->rn, b->s_rn, b->ev_nt, ncclSuccess, 0);
       break;
@@ -635,14 +631,7 @@ static void sweep_b2b(bench *b, int v, float *slab, size_t slab_bytes, size_t by
         float *p = sweep_buf(slab, slab_bytes, bytes, i);
         ncclResult_t r = nc.ncclAllReduce(src_of(slab, p), p, count, ncclFloat32, ncclSum, b->rn, b->s_rn);
         NCK(r);
-        if (r == ncclInProgress) {
-          ncclResult_t st;
-          do {
-            NCK(nc.ncclCommGetAsyncError(b->rn, &st));
-            if (st == ncclInProgress) sched_yield();
-          } while (st == ncclInProgress);
-          if (st != ncclSuccess) die("async error %s", nc.ncclGetErrorString(st));
-        }
+        raw_nb_final(b->rn, r, 0);
       }
       raw_nb_wait(b->rn, b->s_rn, b->ev_nt, ncclSuccess, 0);
       break;
@@ -832,14 +821,7 @@ static void gap_run(bench *b, int v, const float *send, float *buf, size_t count
       ncclResult_t r = nc.ncclAllReduce(send, buf, count, ncclFloat32, ncclSum, c, s);
       NCK(r);
       t1[i] = now_us();
-      if (r == ncclInProgress) {
-        ncclResult_t st;
-        do {
-          NCK(nc.ncclCommGetAsyncError(c, &st));
-          if (st == ncclInProgress) sched_yield();
-        } while (st == ncclInProgress);
-        if (st != ncclSuccess) die("async error %s", nc.ncclGetErrorString(st));
-      }
+      raw_nb_final(c, r, 0);
       t2[i] = now_us();
       CCK(rt.cudaEventRecord(post[i], s));
     }

@@ -443,8 +443,7 @@ struct ncfsm__comp {
   ncfsm_boot_req *req;
   ncfsm_sim_opts sim; /* the sim's opts for the companion: defaults, but a dead rank stays dead */
   void *bcomm, *stream, *ev;
-  ncfsm__smsg *dmine, *dall; /* device memory (host memory where the backend has none) */
-  bool host_mem;
+  void *dmine, *dall; /* ncfsm_mem_alloc: device memory (host memory where the backend has none) */
   struct ncfsm__sreq *cur; /* the exchange in flight */
   bool recorded;           /* its event is recorded (the AllGather is final) */
   uint64_t t_phase;        /* when the current phase (setup or exchange) began */
@@ -463,12 +462,6 @@ ncfsm_result_t ncfsm__comp_new(ncfsm_comm *c) {
 
 bool ncfsm__comp_busy(const ncfsm_comm *c) { return c->comp->phase != COMP_READY || c->comp->cur; }
 
-static void comp_mem_free(ncfsm_comm *c, void *p) {
-  if (!p) return;
-  if (c->comp->host_mem) free(p);
-  else c->be->mem_free(c->opts.device, p);
-}
-
 /* Aborts the companion (whatever it is doing) and frees everything. */
 static void comp_free(ncfsm_comm *c) {
   struct ncfsm__comp *k = c->comp;
@@ -477,8 +470,8 @@ static void comp_free(ncfsm_comm *c) {
   if (k->bcomm) c->be->abort(k->bcomm);
   if (k->ev) c->be->event_destroy(k->ev);
   if (k->stream) c->be->stream_destroy(k->stream);
-  comp_mem_free(c, k->dmine);
-  comp_mem_free(c, k->dall);
+  if (k->dmine) ncfsm_mem_free(c, k->dmine);
+  if (k->dall) ncfsm_mem_free(c, k->dall);
   if (k->cur) sreq_free(k->cur);
   free(k);
   c->comp = NULL;
@@ -494,12 +487,6 @@ static bool comp_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, con
 
 static bool comp_stalled(ncfsm_comm *c, uint64_t now) {
   return c->opts.verify_stall_ms && now - c->comp->t_phase > c->opts.verify_stall_ms * 1000000ull;
-}
-
-static void *comp_mem(ncfsm_comm *c, size_t bytes) {
-  void *p = NULL;
-  if (c->comp->host_mem) return calloc(1, bytes);
-  return c->be->mem_alloc(c->opts.device, bytes, &p) == 0 ? p : NULL;
 }
 
 /* Set-up: id, broadcast, init, polled to success. True on progress. */
@@ -544,12 +531,12 @@ static bool comp_setup(ncfsm_comm *c, uint64_t now) {
       char name[96];
       snprintf(name, sizeof name, "%s.verify", c->name);
       ncfsm__comm_config cfg = {0, c->opts.device, &k->sim, name};
-      k->host_mem = c->be->mem_alloc == NULL;
       size_t one = sizeof(ncfsm__smsg);
       if (c->be->stream_create(c->opts.device, &k->stream) != 0 ||
           (c->be->event_create_flags ? c->be->event_create_flags(c->opts.device, 0, &k->ev)
                                      : c->be->event_create(c->opts.device, &k->ev)) != 0 ||
-          !(k->dmine = comp_mem(c, one)) || !(k->dall = comp_mem(c, one * (size_t)c->nranks)))
+          ncfsm_mem_alloc(c, one, &k->dmine) != NCFSM_OK ||
+          ncfsm_mem_alloc(c, one * (size_t)c->nranks, &k->dall) != NCFSM_OK)
         return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
                          "strict verification (channel nccl): no stream, event or device memory for the "
                          "companion communicator", NCFSM__NCCL_UNHANDLED_CUDA_ERROR);
@@ -621,15 +608,12 @@ static bool comp_poll(ncfsm_comm *c, uint64_t now) {
       k->recorded = false;
       k->t_phase = now;
       size_t one = sizeof(ncfsm__smsg);
-      int rc = 0;
-      if (k->host_mem) memcpy(k->dmine, &v->mine, one);
-      else rc = c->be->memcpy_sync(c->opts.device, k->dmine, &v->mine, one, 1);
-      if (rc != 0)
+      if (ncfsm_memcpy(c, k->dmine, &v->mine, one, 1) != NCFSM_OK)
         return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
                          "strict verification (channel nccl): copying the fingerprint to the device failed",
-                         rc);
+                         NCFSM__NCCL_UNHANDLED_CUDA_ERROR);
       ncfsm__op op = {NCFSM_KIND_ALLGATHER, k->dmine, k->dall, one, NCFSM_UINT8, NCFSM_OP_SUM, -1, -1, k->stream};
-      rc = c->be->op(k->bcomm, &op);
+      int rc = c->be->op(k->bcomm, &op);
       if (NCFSM__IS_ERR(rc))
         return comp_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc),
                          "strict verification (channel nccl): the companion's AllGather failed", rc);
@@ -655,13 +639,10 @@ static bool comp_poll(ncfsm_comm *c, uint64_t now) {
       return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
                        "strict verification (channel nccl): the companion's event failed", q);
     size_t all = sizeof(ncfsm__smsg) * (size_t)c->nranks;
-    int rc = 0;
-    if (k->host_mem) memcpy(v->all, k->dall, all);
-    else rc = c->be->memcpy_sync(c->opts.device, v->all, k->dall, all, 0);
-    if (rc != 0)
+    if (ncfsm_memcpy(c, v->all, k->dall, all, 0) != NCFSM_OK)
       return comp_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND,
                        "strict verification (channel nccl): copying the fingerprints from the device failed",
-                       rc);
+                       NCFSM__NCCL_UNHANDLED_CUDA_ERROR);
     k->cur = NULL;
     progress = true;
     if (strict_settle(c, v)) return true;

@@ -27,6 +27,12 @@ static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
   st == NCFSM_OK ? done_ok++ : done_bad++;
 }
 
+/* Rank r's AllReduce of buf[r][k] (16 ints) on c, counted by on_done. */
+static void submit(ncfsm_comm *c, int r, int k) {
+  assert_int_equal(ncfsm_allreduce(c, buf[r][k], buf[r][k], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL, NULL),
+                   NCFSM_OK);
+}
+
 /* burst 0: no immediate re-polls, so every wait goes to the streams */
 static ncfsm_loop *push_loop(unsigned fallback_us, int burst) {
   ncfsm_loop_opts lo;
@@ -65,9 +71,7 @@ static void test_push_completes(void **state) {
   for (int r = 0; r < 2; r++) {
     for (int k = 0; k < 64; k++) {
       for (int i = 0; i < 16; i++) buf[r][k][i] = r + k;
-      assert_int_equal(ncfsm_allreduce(c[r], buf[r][k], buf[r][k], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
-                                       NULL),
-                       NCFSM_OK);
+      submit(c[r], r, k);
     }
     if (r == 0) run_until_push_armed(loop);
   }
@@ -96,9 +100,7 @@ static void test_push_close_with_pending(void **state) {
   ncfsm_comm *c[2];
   make_ready(loop, c, 2, &so);
   done_ok = done_bad = 0;
-  assert_int_equal(ncfsm_allreduce(c[0], buf[0][0], buf[0][0], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
-                                   NULL),
-                   NCFSM_OK);
+  submit(c[0], 0, 0);
   run_turns(loop, 20);
   assert_int_equal(done_ok + done_bad, 0);
   assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
@@ -120,9 +122,7 @@ static void test_push_keeps_launch_polls(void **state) {
   make_ready(loop, c, 2, &so);
   done_ok = done_bad = 0;
   for (int r = 0; r < 2; r++)
-    assert_int_equal(ncfsm_allreduce(c[r], buf[r][1], buf[r][1], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
-                                     NULL),
-                     NCFSM_OK);
+    submit(c[r], r, 1);
   for (int i = 0; i < 200 && done_ok < 2; i++) run_turns(loop, 1);
   assert_int_equal(done_ok, 2);
   teardown_all(loop, c, 2);
@@ -143,17 +143,13 @@ static void test_push_one_per_wait(void **state) {
   assert_non_null(n);
   uint64_t posted0 = atomic_load(&n->posted), wakes0 = atomic_load(&n->wakes);
   for (int i = 0; i < 16; i++) buf[0][2][i] = 1, buf[1][2][i] = 2;
-  assert_int_equal(ncfsm_allreduce(c[0], buf[0][2], buf[0][2], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
-                                   NULL),
-                   NCFSM_OK);
+  submit(c[0], 0, 2);
   run_until_push_armed(loop);
   assert_int_equal(atomic_load(&n->posted) - posted0, 1);
   run_turns(loop, 50);
   assert_int_equal(atomic_load(&n->posted) - posted0, 1); /* one per stream and wait */
   assert_int_equal(done_ok + done_bad, 0);
-  assert_int_equal(ncfsm_allreduce(c[1], buf[1][2], buf[1][2], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
-                                   NULL),
-                   NCFSM_OK);
+  submit(c[1], 1, 2);
   for (int i = 0; i < 1000 && done_ok < 2; i++) run_turns(loop, 1);
   assert_int_equal(done_ok, 2);
   assert_int_equal(buf[0][2][15], 3);
@@ -178,9 +174,7 @@ static void test_push_none_within_burst(void **state) {
   done_ok = done_bad = 0;
   for (int k = 0; k < 32; k++)
     for (int r = 0; r < 2; r++)
-      assert_int_equal(ncfsm_allreduce(c[r], buf[r][k], buf[r][k], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done,
-                                       NULL, NULL),
-                       NCFSM_OK);
+      submit(c[r], r, k);
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
   assert_int_equal(done_ok, 64);
   assert_int_equal(atomic_load(&loop->notifier->posted), 0);
@@ -206,9 +200,7 @@ static void test_auto_pushes_after(void **state) {
   ncfsm__notifier *n = loop->notifier;
   assert_non_null(n);
   uint64_t t0 = ncfsm__now_ns();
-  assert_int_equal(ncfsm_allreduce(c[0], buf[0][3], buf[0][3], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
-                                   NULL),
-                   NCFSM_OK);
+  submit(c[0], 0, 3);
   for (int i = 0; i < 1000000 && !loop->push_armed; i++) {
     run_turns(loop, 1);
     if (ncfsm__now_ns() - t0 < 20000000ull) assert_false(loop->push_armed); /* polls before push_after_us */
@@ -216,9 +208,7 @@ static void test_auto_pushes_after(void **state) {
   assert_true(loop->push_armed);
   assert_true(ncfsm__now_ns() - t0 >= 20000000ull);
   assert_int_equal(atomic_load(&n->posted), 1);
-  assert_int_equal(ncfsm_allreduce(c[1], buf[1][3], buf[1][3], 16, NCFSM_INT32, NCFSM_OP_SUM, NULL, on_done, NULL,
-                                   NULL),
-                   NCFSM_OK);
+  submit(c[1], 1, 3);
   for (int i = 0; i < 1000 && done_ok < 2; i++) run_turns(loop, 1);
   assert_int_equal(done_ok, 2);
   assert_true(atomic_load(&n->wakes) >= 1);
