@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fsm/internal.h"
+#include "fsm/api-int.h"
 #include "ncfsm/introspect.h"
 
 #define TAIL_MAX 1024u
@@ -71,7 +71,7 @@ static void count_work(snap_comm *s, const ncfsm_work *w) {
   if (!s->has_oldest || w->t_submit < s->oldest_submit_ns) {
     s->has_oldest = true;
     s->oldest_fp = w->fp;
-    s->oldest_state = w->state;
+    s->oldest_state = (ncfsm_work_state_t)w->state;
     s->oldest_submit_ns = w->t_submit;
     s->oldest_launch_ns = w->t_launch;
   }
@@ -102,9 +102,9 @@ static void copy_comm(const ncfsm_loop *loop, const ncfsm_comm *c, snap_comm *s,
   s->nranks = c->nranks;
   s->device = c->opts.device;
   s->blocking = c->opts.blocking;
-  s->released = c->released;
+  s->released = c->state == NCFSM_STATE_RELEASED;
   s->be = c->be;
-  s->state = c->state;
+  s->state = (ncfsm_state_t)c->state;
   s->state_since_ns = c->state_since_ns;
   s->created_ns = c->created_ns;
   s->timeout_ms = c->opts.timeout_ms;
@@ -159,19 +159,11 @@ static ncfsm_result_t snap_take(ncfsm_loop *loop, unsigned tail_max, snap *s) {
 
 /* ---- health ------------------------------------------------------------------------ */
 
+/* Failed: a state with flag FAILED, or one out of service (SHRUNK, CLOSING,
+ * CLOSED, RELEASED) reached through a failure. */
 static bool comm_failed(ncfsm_state_t st, const char *failure) {
-  switch (st) {
-  case NCFSM_STATE_ERROR:
-  case NCFSM_STATE_ABORT_QUEUED:
-  case NCFSM_STATE_REVOKING:
-  case NCFSM_STATE_REVOKED:
-    return true;
-  case NCFSM_STATE_CLOSING:
-  case NCFSM_STATE_CLOSED:
-    return failure[0] != '\0';
-  default:
-    return false;
-  }
+  unsigned f = ncfsm_state_flags(st);
+  return (f & NCFSM_SF_FAILED) || (failure[0] != '\0' && !(f & (NCFSM_SF_LIVE | NCFSM_SF_WORKS)));
 }
 
 int ncfsm_loop_failed_comms(ncfsm_loop *loop, char *why, size_t len) {
@@ -181,11 +173,11 @@ int ncfsm_loop_failed_comms(ncfsm_loop *loop, char *why, size_t len) {
   int n = 0;
   size_t used = 0;
   for (const ncfsm_comm *c = loop->comms; c; c = c->next) {
-    if (!comm_failed(c->state, c->failure)) continue;
+    if (!comm_failed((ncfsm_state_t)c->state, c->failure)) continue;
     n++;
     if (why && len > used + 1) {
       int k = snprintf(why + used, len - used, "%s rank %d: %s: %s\n", c->name, c->rank,
-                       ncfsm_state_name(c->state), c->failure[0] ? c->failure : c->last_error);
+                       ncfsm_state_name((ncfsm_state_t)c->state), c->failure[0] ? c->failure : c->last_error);
       used = k < 0 ? used : (size_t)k >= len - used ? len - 1 : used + (size_t)k;
     }
   }
@@ -426,9 +418,9 @@ static void series_init(void) {
       for (int e = 0; e < NCFSM_EVENT_COUNT && !pair_possible_[f][t]; e++)
         pair_possible_[f][t] = ncfsm_transition_allowed((ncfsm_state_t)f, (ncfsm_event_t)e, (ncfsm_state_t)t);
     for (int c = 0; c < NCFSM_CALL_COUNT; c++) {
-      ncfsm_guard_t g = NCFSM_GUARD_ANY;
+      unsigned long long g = ncfsm__comm_cells[f][c].guards;
       cell_can_reject_[f][c] =
-          ncfsm_legality_guard((ncfsm_state_t)f, (ncfsm_call_t)c, &g) == NCFSM_REJECT || g != NCFSM_GUARD_ANY;
+          ncfsm_legality((ncfsm_state_t)f, (ncfsm_call_t)c, NULL, NULL) == NCFSM_REJECT || g != 0;
     }
   }
 }
@@ -457,7 +449,7 @@ static void metrics_loop(tbuf *b, const snap *s) {
     for (int c = 0; c < NCFSM_CALL_COUNT; c++)
       if (s->stats.reject[st][c] || cell_can_reject((ncfsm_state_t)st, (ncfsm_call_t)c))
         tb_printf(b, "ncfsm_rejected_calls_total{state=\"%s\",call=\"%s\"} %" PRIu64 "\n",
-                  ncfsm_state_name((ncfsm_state_t)st), ncfsm__call_fn((ncfsm_call_t)c),
+                  ncfsm_state_name((ncfsm_state_t)st), ncfsm_call_fn((ncfsm_call_t)c),
                   s->stats.reject[st][c]);
   tb_family(b, "ncfsm_op_latency_seconds", "histogram",
             "Time from submission to a final state (completed, failed, timed out or aborted), per op kind.");

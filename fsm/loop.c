@@ -1,5 +1,8 @@
-/* The loop: a libevent base, the wakeup event, the progress timer, and the
- * delivery of callbacks on the loop thread. The only file that calls libevent. */
+/* The loop: a libevent base, the wakeup and poll events, turns, running
+ * (ncfsm_loop_run, the loop thread), calls from other threads, closing, and
+ * the delivery of callbacks on the loop thread. With fsm/timer.c and
+ * fsm/push.c the only code that calls libevent (fsm/recover.c arms no
+ * timers of its own). */
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -12,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm/internal.h"
+#include "fsm/loop-int.h"
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
 static int evthread_rc;
@@ -41,190 +44,7 @@ void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
   o->push_after_us = (unsigned)ncfsm__env_ll("NCFSM_PUSH_AFTER_US", 2000);
 }
 
-/* Loop-level errors are per thread (ncfsm_loop_last_error). */
-static _Thread_local uint64_t tls_err_loop; /* the loop's id: a new loop at a freed one's address is another */
 static _Atomic uint64_t loop_ids;
-static _Thread_local char tls_err[512];
-
-void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(tls_err, sizeof tls_err, fmt, ap);
-  va_end(ap);
-  tls_err_loop = loop->id;
-  NCFSM_INFO(NCFSM__SUB_FSM, "%s", tls_err);
-}
-
-/* The loop whose turn (or callback) this thread is inside, if any. */
-static _Thread_local ncfsm_loop *tls_in_turn;
-
-bool ncfsm__loop_in_turn(const ncfsm_loop *loop) { return tls_in_turn == loop; }
-
-static void set_runner(ncfsm_loop *loop) {
-  loop->runner = pthread_self();
-  loop->running++;
-}
-static void clear_runner(ncfsm_loop *loop) { loop->running--; }
-
-bool ncfsm__loop_can_drive(ncfsm_loop *loop) {
-  return loop->running == 0 || pthread_equal(loop->runner, pthread_self());
-}
-
-void ncfsm__loop_claim(ncfsm_loop *loop) {
-  set_runner(loop);
-  loop->claimed++;
-}
-
-void ncfsm__loop_unclaim(ncfsm_loop *loop) {
-  loop->claimed--;
-  clear_runner(loop);
-  pthread_cond_broadcast(&loop->cv);
-}
-
-/* Wake the thread that runs the loop. A loop with its own base that nobody
- * is running needs no wakeup: ncfsm_loop_run turns it directly when it finds
- * queued work, which saves a libevent round trip per op. Called with mu held. */
-void ncfsm__loop_wake(ncfsm_loop *loop) {
-  loop->kick = true;
-  if (loop->own_base && (loop->running == 0 || pthread_equal(loop->runner, pthread_self())))
-    return;
-  event_active(loop->ev_wake, EV_READ, 0);
-}
-
-void ncfsm__loop_kick_async(ncfsm_loop *loop) {
-  atomic_store(&loop->async_kick, 1);
-  event_active(loop->ev_wake, EV_READ, 0);
-}
-
-/* ---- push completion ------------------------------------------------------------ */
-
-static void notifier_unref(ncfsm__notifier *n) {
-  pthread_mutex_lock(&n->mu);
-  bool last = --n->refs == 0;
-  pthread_mutex_unlock(&n->mu);
-  if (last) {
-    pthread_mutex_destroy(&n->mu);
-    free(n);
-  }
-}
-
-/* On a runtime thread: the stream reached the point after a launch's
- * completion event. Touches nothing of the loop but its wake event. */
-static void push_cb(void *arg) {
-  ncfsm__notifier *n = arg;
-  pthread_mutex_lock(&n->mu);
-  if (n->loop) {
-    atomic_fetch_add(&n->wakes, 1);
-    ncfsm__loop_kick_async(n->loop);
-  }
-  pthread_mutex_unlock(&n->mu);
-  notifier_unref(n);
-}
-
-bool ncfsm__push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream) {
-  ncfsm__notifier *n = loop->notifier;
-  if (!n || !be->host_notify || loop->opts.completion == NCFSM_COMPLETION_POLL) return false;
-  pthread_mutex_lock(&n->mu);
-  n->refs++;
-  pthread_mutex_unlock(&n->mu);
-  int rc = be->host_notify(stream, push_cb, n);
-  if (rc != 0) {
-    notifier_unref(n);
-    NCFSM_WARN(NCFSM__SUB_LOOP, "push completion: the backend could not enqueue a host function (%d); the "
-                                "loop polls instead", rc);
-    loop->opts.completion = NCFSM_COMPLETION_POLL;
-    return false;
-  }
-  atomic_fetch_add(&n->posted, 1);
-  return true;
-}
-
-/* Push covers what is pending: only works in flight wait (no NCCL call in
- * progress, no launch, no exchange, no control work): their streams can
- * wake the loop, and a slow timer is the fallback (and the R10 watch). */
-static bool push_covers(ncfsm_loop *loop) {
-  if (loop->opts.completion == NCFSM_COMPLETION_POLL || !loop->notifier || loop->ctl || loop->nqueued) return false;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
-    unsigned f = ncfsm__sflags(c->state);
-    if ((f & NCFSM_SF_POLL) || c->launching || c->vq_head || c->sf_head || c->sp_head ||
-        (c->comp && ncfsm__comp_busy(c)) || c->state == NCFSM_STATE_DRAINING ||
-        c->state == NCFSM_STATE_ABORT_QUEUED)
-      return false;
-  }
-  return true;
-}
-
-/* Push, at the end of a burst: a host function after the last work of every
- * stream that has works in flight and none since the last host function
- * there (one per stream and wait, not one per launch: a host function holds
- * the stream's later work until it has run). False when one could not be
- * enqueued (the loop then polls). */
-static bool push_arm_streams(ncfsm_loop *loop) {
-  for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    for (int i = 0; i < c->nsq; i++) {
-      ncfsm__squeue *q = &c->sq[i];
-      if (!q->head || q->notified == q->appended) continue;
-      if (!ncfsm__push_notify(loop, c->be, q->stream)) return false;
-      q->notified = q->appended;
-    }
-  return true;
-}
-
-/* Adaptive progress schedule: immediate re-polls after the last progress
- * (at least poll_burst of them, and for at least poll_burst_us, which covers
- * a small collective's round trip), then intervals doubling from 1 us up to
- * poll_max_us. No timer is armed when nothing is pending. With push
- * completion the burst is the same; after it (auto: after push_after_us
- * without progress), when only works in flight wait, their streams wake the
- * loop and one slow timer replaces the back-off. */
-void ncfsm__loop_arm_poll(ncfsm_loop *loop, bool progress) {
-  if (progress) {
-    loop->poll_iter = 0;
-    loop->backoff = 0;
-    loop->burst_start_ns = ncfsm__now_ns();
-    if (loop->poll_armed && !loop->poll_now) { /* a back-off (or push's slow) timer: poll sooner */
-      evtimer_del(loop->ev_poll);
-      loop->poll_armed = loop->push_armed = false;
-    }
-  }
-  uint64_t quiet_ns = ncfsm__now_ns() - loop->burst_start_ns; /* since the last progress */
-  bool immediate = loop->poll_iter < loop->opts.poll_burst || quiet_ns < (uint64_t)loop->opts.poll_burst_us * 1000;
-  bool covered = !immediate && push_covers(loop) &&
-                 (loop->opts.completion == NCFSM_COMPLETION_PUSH || quiet_ns >= (uint64_t)loop->opts.push_after_us * 1000);
-  if (loop->poll_armed && loop->push_armed && !covered) { /* polls again (progress, or a state that needs them) */
-    evtimer_del(loop->ev_poll);
-    loop->poll_armed = loop->push_armed = false;
-  }
-  if (loop->poll_armed) return;
-  if (covered && push_arm_streams(loop)) {
-    struct timeval ptv = {(time_t)(loop->opts.push_fallback_us / 1000000),
-                          (suseconds_t)(loop->opts.push_fallback_us % 1000000)};
-    loop->poll_armed = loop->push_armed = true;
-    evtimer_add(loop->ev_poll, &ptv);
-    return;
-  }
-  if (immediate) {
-    if (loop->poll_iter < UINT_MAX) loop->poll_iter++;
-    loop->poll_armed = true;
-    if (loop->own_base) {
-      /* The thread that drives the loop turns it directly (ncfsm_loop_run,
-       * the loop thread), yielding the CPU first, without an epoll_wait. */
-      loop->poll_now = true;
-      if (loop->running && !pthread_equal(loop->runner, pthread_self()))
-        event_active(loop->ev_wake, EV_READ, 0);
-    } else {
-      struct timeval tv = {0, 0};
-      evtimer_add(loop->ev_poll, &tv);
-    }
-    return;
-  }
-  unsigned long us = loop->backoff >= 20 ? loop->opts.poll_max_us : (1ul << loop->backoff);
-  if (us > loop->opts.poll_max_us) us = loop->opts.poll_max_us;
-  loop->backoff++;
-  struct timeval tv = {0, (suseconds_t)us};
-  loop->poll_armed = true;
-  evtimer_add(loop->ev_poll, &tv);
-}
 
 /* Deliver queued callbacks with the lock dropped (callbacks may call ncfsm);
  * the references they held are dropped under one lock afterwards. */
@@ -257,7 +77,6 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
     }
     while (w) {
       ncfsm_work *n = w->next;
-      w->delivered = true;
       ncfsm__work_unref(w);
       w = n;
     }
@@ -267,11 +86,10 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
 
 /* One turn; the caller holds loop->mu (turn() takes it). */
 static void turn_held(ncfsm_loop *loop, bool poll) {
-  ncfsm_loop *outer = tls_in_turn;
-  tls_in_turn = loop;
-  set_runner(loop);
-  if (poll || loop->poll_now) loop->poll_armed = loop->push_armed = false;
-  loop->poll_now = false;
+  ncfsm_loop *outer;
+  ncfsm__loop_enter_turn(loop, &outer);
+  ncfsm__loop_set_runner(loop);
+  ncfsm__timer_turn(loop, poll);
   loop->kick = false;
   if (atomic_exchange(&loop->async_kick, 0)) loop->ctl = true;
   /* Progress (a state change, a completion) and a launch restart the
@@ -288,9 +106,9 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
     if (ncfsm__launch(loop)) hint = true;
     ncfsm__loop_flush_notes(loop);
   }
-  if ((hint || !loop->poll_armed) && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, hint);
-  clear_runner(loop);
-  tls_in_turn = outer;
+  ncfsm__timer_after_turn(loop, hint);
+  ncfsm__loop_clear_runner(loop);
+  ncfsm__loop_leave_turn(loop, outer);
 }
 
 static void turn(ncfsm_loop *loop, bool poll) {
@@ -302,7 +120,7 @@ static void turn(ncfsm_loop *loop, bool poll) {
 /* Something to do without waiting: queued work (kick), an immediate re-poll,
  * callbacks to deliver. Called with mu held. */
 static bool direct_work(ncfsm_loop *loop) {
-  return loop->kick || loop->poll_now || loop->notify_head || loop->snote_head || loop->calls_head ||
+  return loop->kick || ncfsm__timer_now(loop) || loop->notify_head || loop->snote_head || loop->calls_head ||
          atomic_load(&loop->async_kick);
 }
 
@@ -321,7 +139,7 @@ static void on_sigusr1(evutil_socket_t fd, short what, void *arg) {
   ncfsm_loop *loop = arg;
   pthread_mutex_lock(&loop->mu);
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    if (c->dump_dir[0] && c->rank >= 0) ncfsm__comm_dump(c, NULL, "signal");
+    if (c->dump_dir[0] && c->rank >= 0 && !ncfsm__has(c, NCFSM_SF_END)) ncfsm__comm_dump(c, NULL, "signal");
   pthread_mutex_unlock(&loop->mu);
 }
 static void on_poll(evutil_socket_t fd, short what, void *arg) {
@@ -332,6 +150,9 @@ static void on_poll(evutil_socket_t fd, short what, void *arg) {
   if (immediate) sched_yield(); /* embedded bases poll through libevent */
   turn(loop, true);
 }
+
+static void wake_event(ncfsm_loop *loop) { event_active(loop->ev_wake, EV_READ, 0); }
+static const ncfsm__loop_ops loop_ops = {wake_event};
 
 static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm_loop_opts *opts,
                                   ncfsm_loop **out) {
@@ -367,6 +188,7 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   }
   loop->base = base;
   loop->own_base = own;
+  loop->ops = &loop_ops;
   /* Not recursive: engine functions expect the lock held and never retake
    * it; debug builds catch a violation. */
   pthread_mutexattr_t a;
@@ -396,17 +218,9 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
       NCFSM_WARN(NCFSM__SUB_FSM, "ncfsm_loop: cannot take SIGUSR1 for flight recorder dumps (another "
                  "event_base of this process has it?); dumps on request still work");
   }
-  if (loop->opts.completion == NCFSM_COMPLETION_PUSH || loop->opts.completion == NCFSM_COMPLETION_AUTO) {
-    ncfsm__notifier *n = calloc(1, sizeof *n);
-    if (n) {
-      pthread_mutex_init(&n->mu, NULL);
-      n->refs = 1;
-      n->loop = loop;
-      loop->notifier = n;
-    } else {
-      loop->opts.completion = NCFSM_COMPLETION_POLL; /* polls cover it */
-    }
-  }
+  if ((loop->opts.completion == NCFSM_COMPLETION_PUSH || loop->opts.completion == NCFSM_COMPLETION_AUTO) &&
+      ncfsm__push_new(loop) != NCFSM_OK)
+    loop->opts.completion = NCFSM_COMPLETION_POLL; /* polls cover it */
   loop->group_err = NCFSM_OK;
   loop->id = atomic_fetch_add(&loop_ids, 1) + 1;
   loop->magic = NCFSM__LOOP_MAGIC;
@@ -428,31 +242,16 @@ struct event_base *ncfsm_loop_base(ncfsm_loop *loop) {
   return loop && loop->magic == NCFSM__LOOP_MAGIC ? loop->base : NULL;
 }
 
-/* Something the progress timer must watch: a comm in progress, a launch not
- * final, works in flight, an abort to issue. */
-bool ncfsm__loop_poll_pending(ncfsm_loop *loop) {
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
-    unsigned f = ncfsm__sflags(c->state);
-    if ((f & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE)) || c->state == NCFSM_STATE_DRAINING ||
-        c->state == NCFSM_STATE_ABORT_QUEUED || c->launching || c->vq_head || c->sf_head || c->sp_head ||
-        (c->comp && ncfsm__comp_busy(c)))
-      return true;
-    for (int i = 0; i < c->nsq; i++)
-      if (c->sq[i].head) return true;
-  }
-  return false;
-}
-
 bool ncfsm__loop_pending(ncfsm_loop *loop) {
-  if (loop->kick || loop->poll_now || (loop->nqueued && loop->group_depth == 0) || loop->notify_head ||
+  if (loop->kick || ncfsm__timer_now(loop) || (loop->nqueued && !ncfsm__group_open(loop)) || loop->notify_head ||
       loop->snote_head || loop->calls_head)
     return true;
-  return ncfsm__loop_poll_pending(loop);
+  return ncfsm__poll_pending(loop);
 }
 
 ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (tls_in_turn == loop) {
+  if (ncfsm__loop_in_turn(loop)) {
     ncfsm__loop_error(loop, "ncfsm_loop_run: called from inside one of this loop's callbacks (a work or "
                             "state callback may not run or wait on its own loop; submit and return instead)");
     return NCFSM_ERR_INVALID_USAGE;
@@ -468,11 +267,11 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   }
   /* This thread drives the loop for the whole call, also while it waits in
    * epoll: other threads then wake it and hand it backend work (R9). */
-  set_runner(loop);
+  ncfsm__loop_set_runner(loop);
   ncfsm_result_t rr = NCFSM_OK;
   for (;;) {
     bool direct = direct_work(loop);
-    bool yield = loop->poll_now && !loop->kick;
+    bool yield = ncfsm__timer_now(loop) && !loop->kick;
     bool pending = direct || ncfsm__loop_pending(loop);
     if (!direct && mode == NCFSM_RUN_DEFAULT && !pending) break;
     if (direct && !yield) { /* no need to go through libevent, nor to drop the lock */
@@ -492,7 +291,7 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
     pthread_mutex_lock(&loop->mu);
     if (rr != NCFSM_OK || mode != NCFSM_RUN_DEFAULT) break;
   }
-  clear_runner(loop);
+  ncfsm__loop_clear_runner(loop);
   pthread_mutex_unlock(&loop->mu);
   return rr;
 }
@@ -503,7 +302,7 @@ static void *loop_thread_main(void *arg) {
     pthread_mutex_lock(&loop->mu);
     bool stop = loop->thread_stop;
     bool direct = direct_work(loop);
-    bool yield = loop->poll_now && !loop->kick;
+    bool yield = ncfsm__timer_now(loop) && !loop->kick;
     pthread_mutex_unlock(&loop->mu);
     if (stop) break;
     if (direct) direct_turn(loop, yield);
@@ -573,51 +372,46 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) 
 
 ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (tls_in_turn == loop) { /* the loop is in use below this callback */
+  if (ncfsm__loop_in_turn(loop)) { /* the loop is in use below this callback */
     ncfsm__loop_error(loop, "ncfsm_loop_close: called from inside one of this loop's callbacks "
                             "(ncfsm_loop_call, a work or state callback); close it after ncfsm_loop_run "
                             "returns, from outside the loop");
     return NCFSM_ERR_INVALID_USAGE;
   }
-  ncfsm__recover_cancel_all(loop); /* their steps will not run again */
+  if (loop->hooks.cancel) loop->hooks.cancel(loop); /* recoveries whose steps will not run again */
   pthread_mutex_lock(&loop->mu);
   int open = 0;
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    if (!c->released) open++;
-  if (open || loop->thread_started || loop->group_depth || loop->running) {
+    if (c->state != NCFSM_STATE_RELEASED) open++;
+  bool group = ncfsm__group_open(loop);
+  if (open || loop->thread_started || group || loop->running) {
     ncfsm__loop_error(loop, "ncfsm_loop_close: %d communicator(s) not released%s%s%s; abort/destroy and "
                             "ncfsm_comm_release them first",
-                      open, loop->thread_started ? ", loop thread still running" : "",
-                      loop->group_depth ? ", a group is open" : "",
+                      open, loop->thread_started ? ", loop thread still running" : "", group ? ", a group is open" : "",
                       loop->running ? ", another thread is running the loop" : "");
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_BUSY;
   }
   /* Deliver what is left (callbacks of released comms' works). */
-  set_runner(loop);
-  ncfsm_loop *outer = tls_in_turn;
-  tls_in_turn = loop;
+  ncfsm__loop_set_runner(loop);
+  ncfsm_loop *outer;
+  ncfsm__loop_enter_turn(loop, &outer);
   bool progressed = ncfsm__progress(loop);
   ncfsm__loop_flush_notes(loop);
-  tls_in_turn = outer;
-  clear_runner(loop);
+  ncfsm__loop_leave_turn(loop, outer);
+  ncfsm__loop_clear_runner(loop);
   if (loop->comms || loop->calls_head) { /* released but still referenced by user-held works */
-    if ((progressed || !loop->poll_armed) && ncfsm__loop_poll_pending(loop)) ncfsm__loop_arm_poll(loop, progressed);
+    ncfsm__timer_after_turn(loop, progressed);
     ncfsm__loop_error(loop, "ncfsm_loop_close: work handles are still held; ncfsm_work_release them first");
     pthread_mutex_unlock(&loop->mu);
     return NCFSM_ERR_BUSY;
   }
+  ncfsm__abort_strays_now(loop); /* e.g. a verifier's companion: its comm was freed just now */
   loop->magic = NCFSM__DEAD_MAGIC;
-  ncfsm__recover_free_all(loop);
+  if (loop->hooks.free_all) loop->hooks.free_all(loop);
   ncfsm__comm_free_all(loop);
   pthread_mutex_unlock(&loop->mu);
-  if (loop->notifier) { /* before the wake event goes: a host function may be running */
-    pthread_mutex_lock(&loop->notifier->mu);
-    loop->notifier->loop = NULL;
-    pthread_mutex_unlock(&loop->notifier->mu);
-    notifier_unref(loop->notifier);
-    loop->notifier = NULL;
-  }
+  ncfsm__push_detach(loop);
   event_free(loop->ev_wake);
   event_free(loop->ev_poll);
   if (loop->ev_signal) event_free(loop->ev_signal);
@@ -639,5 +433,5 @@ void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg) {
 
 const char *ncfsm_loop_last_error(ncfsm_loop *loop) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return "invalid loop handle";
-  return tls_err_loop == loop->id ? tls_err : "";
+  return ncfsm__loop_error_of(loop);
 }

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm/internal.h"
+#include "fsm/objects.h"
 
 /*
  * The launcher's R12 check: the buffer ranges already taken in this launch,

@@ -1,49 +1,31 @@
 /*
- * Recovery without restart (issue 10, item 5; docs/recovery.md): when an
- * armed communicator fails (error policy NCFSM_ON_ERROR_SHRINK) or its
- * bootstrap reports a lost rank, the survivors
- *
- *   1. revoke it where the runtime has ncclCommRevoke (R6: stops what is in
- *      flight), while
- *   2. they agree on who is alive through the bootstrap (an epoch of
- *      ncfsm_boot_agree_post: the ranks that posted it),
- *   3. shrink it to the survivors (ncclCommShrink, NCCL_SHRINK_ABORT from a
- *      failed comm; R7), or, where that is not possible or fails (no
- *      excluded rank, no Shrink, NCCL refusing a shrink of a failed comm),
- *      abort it and initialise a new comm over the survivors' bootstrap,
- *   4. abort the old comm (R7: abort, not destroy) and report the new one
- *      through the callback, armed in turn with the survivors' bootstrap.
- *
- * The works of the old comm failed once when it failed; the new comm's
- * seqs start at 0. The steps run on the loop thread, from a timer of the
- * loop's event_base, outside any turn (they use the public calls, which run
- * at once there); a step that waits re-arms the timer (1 ms).
+ * Recovery without restart (docs/recovery.md): the machine of fsm/recover.def
+ * bound to the engine. A recovery is stepped (step()) on the loop's thread
+ * with the loop's lock held whenever something it waits for may have
+ * changed: a bootstrap request it posted completed (its callback asks the
+ * loop for a step), or the old or the new comm changed state (the hooks
+ * below, through struct ncfsm__recovery_ops). It arms no timers of its
+ * own: each comm's deadline bounds each wait. It uses the calls' locked
+ * steps (fsm/api-int.h), never the engine's internals; its report, the
+ * arming of the new comm and closing a bootstrap run without the lock.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/event.h>
-
-#include "fsm/internal.h"
+#include "fsm/init.h"
 #include "ncfsm/bootstrap.h"
 
-#define LOCK(l) pthread_mutex_lock(&(l)->mu)
-#define UNLOCK(l) pthread_mutex_unlock(&(l)->mu)
-
-enum phase { P_ARMED, P_START, P_AGREE, P_PLAN, P_SHRINK, P_SHRINK_VOTE, P_REINIT, P_DONE };
-
 struct ncfsm__recovery {
+  unsigned state;       /* fsm/recover.def */
   ncfsm_loop *loop;
-  ncfsm_comm *old;      /* held (refs) from the start of a recovery to its report */
+  ncfsm_comm *old;      /* held (refs) from the failure to the report */
   ncfsm_boot *boot;     /* the agreement channel: the bootstrap the comm was made with */
   ncfsm_comm_opts fresh_opts;
   ncfsm_sim_opts fresh_sim;
   char fresh_name[64];
   ncfsm_recover_cb cb;
   void *arg;
-  struct event *timer;
-  enum phase phase;
   uint64_t epoch;
   ncfsm_boot_req *agree;
   ncfsm_boot_req *vote_req; /* an allgather of one byte per survivor on the survivors' bootstrap */
@@ -60,19 +42,186 @@ struct ncfsm__recovery {
   struct ncfsm__recovery *next; /* loop->recoveries */
 };
 
-static void schedule(struct ncfsm__recovery *r, int us) {
-  struct timeval tv = {0, us};
-  evtimer_add(r->timer, &tv);
+#define LOCK NCFSM__LOCK
+#define UNLOCK NCFSM__UNLOCK
+
+static void fire(struct ncfsm__recovery *r, ncfsm__recover_event_t ev, const char *what);
+static const ncfsm__recovery_ops armed_ops, watch_ops;
+
+/* ---- stepping -------------------------------------------------------------------------------- */
+
+static void step(void *arg);
+
+/* With the lock: a step at the loop's next pass. */
+static void schedule(struct ncfsm__recovery *r) {
+  if (ncfsm__loop_defer(r->loop, step, r) != NCFSM_OK)
+    NCFSM_WARN(NCFSM__SUB_FSM, "recovery: out of memory for a step; it goes on at the next state change");
 }
 
-static void rec_free(struct ncfsm__recovery *r) {
-  if (r->timer) event_free(r->timer);
+/* A bootstrap request of the recovery completed (any thread, no lock). */
+static void req_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
+  (void)req;
+  (void)status;
+  struct ncfsm__recovery *r = arg;
+  ncfsm_loop_call(r->loop, step, r);
+}
+
+/* Every survivor takes the same path: a decision that depends on a rank's own
+ * view is a vote, an allgather of one byte on the survivors' bootstrap. */
+static bool vote_post(struct ncfsm__recovery *r, bool yes) {
+  int n = ncfsm_boot_size(r->sub);
+  if (!r->votes && !(r->votes = calloc((size_t)n, 1))) return false;
+  r->my_vote = yes;
+  if (ncfsm_boot_allgather_post(r->sub, &r->my_vote, r->votes, 1, &r->vote_req) != NCFSM_OK) return false;
+  ncfsm_boot_req_on_done(r->vote_req, req_done, r);
+  return true;
+}
+
+/* The vote's event: VOTED_YES, VOTED_NO, STEP_FAILED, or none yet (-1). */
+static int vote_event(struct ncfsm__recovery *r) {
+  ncfsm_result_t t = ncfsm_boot_test(r->vote_req);
+  if (t == NCFSM_ERR_AGAIN) return -1;
+  ncfsm_boot_req_free(r->vote_req);
+  r->vote_req = NULL;
+  if (t != NCFSM_OK) return NCFSM__RE_STEP_FAILED;
+  int all = 1;
+  for (int i = 0; i < ncfsm_boot_size(r->sub); i++) all &= r->votes[i] == 1;
+  return all ? NCFSM__RE_VOTED_YES : NCFSM__RE_VOTED_NO;
+}
+
+static void step(void *arg) {
+  struct ncfsm__recovery *r = arg;
+  ncfsm_loop *loop = r->loop;
+  LOCK(loop);
+  for (;;) {
+    unsigned before = r->state;
+    ncfsm_comm *old = r->old;
+    ncfsm_state_t os = old ? (ncfsm_state_t)old->state : NCFSM_STATE_CLOSED;
+    bool old_gone = os == NCFSM_STATE_CLOSING || os == NCFSM_STATE_CLOSED || os == NCFSM_STATE_RELEASED;
+    ncfsm_state_t fs = r->fresh ? (ncfsm_state_t)r->fresh->state : NCFSM_STATE_COUNT;
+    bool fresh_failed = fs != NCFSM_STATE_COUNT && (ncfsm__sflags(fs) & (NCFSM_SF_FAILED | NCFSM_SF_END));
+    switch (r->state) {
+      case NCFSM__RS_STARTING:
+        if (old_gone) fire(r, NCFSM__RE_OLD_CLOSED, old->failure);
+        else fire(r, NCFSM__RE_STEP, NULL);
+        break;
+      case NCFSM__RS_AGREEING: {
+        if (old_gone) {
+          fire(r, NCFSM__RE_OLD_CLOSED, old->failure);
+          break;
+        }
+        ncfsm_result_t t = ncfsm_boot_test(r->agree);
+        if (t == NCFSM_ERR_AGAIN || os == NCFSM_STATE_REVOKING) break;
+        if (t != NCFSM_OK) fire(r, NCFSM__RE_STEP_FAILED, "the survivors' agreement failed");
+        else fire(r, NCFSM__RE_AGREED, NULL);
+        break;
+      }
+      case NCFSM__RS_PLANNING: {
+        if (old_gone) {
+          fire(r, NCFSM__RE_OLD_CLOSED, old->failure);
+          break;
+        }
+        int ev = vote_event(r);
+        if (ev >= 0) fire(r, (ncfsm__recover_event_t)ev, "the survivors' vote failed");
+        break;
+      }
+      case NCFSM__RS_SHRINKING:
+      case NCFSM__RS_REINIT:
+        if (fs == NCFSM_STATE_READY) fire(r, NCFSM__RE_FRESH_READY, NULL);
+        else if (fresh_failed)
+          fire(r, NCFSM__RE_FRESH_FAILED, "the new communicator over the survivors failed");
+        break;
+      case NCFSM__RS_CONFIRMING: {
+        int ev = vote_event(r);
+        if (ev >= 0) fire(r, (ncfsm__recover_event_t)ev, "the survivors' vote failed");
+        break;
+      }
+      default: break;
+    }
+    if (r->state == before) break;
+  }
+  UNLOCK(loop);
+}
+
+/* ---- the report --------------------------------------------------------------------------- */
+
+struct report {
+  struct ncfsm__recovery *r;
+  ncfsm_recovery_report rep;
+  int excluded[];
+};
+
+/* Without the lock: arm the new comm (OK) or close the survivors' bootstrap
+ * (failure), tell the program, let go of the old comm. */
+static void deliver(void *arg) {
+  struct report *q = arg;
+  struct ncfsm__recovery *r = q->r;
+  q->rep.excluded = q->excluded;
+  if (q->rep.status == NCFSM_OK) {
+    ncfsm_recovery_opts ro = {q->rep.boot, &r->fresh_opts, r->cb, r->arg};
+    if (ncfsm_comm_set_recovery(q->rep.fresh, &ro) != NCFSM_OK)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] recovery: the new comm could not be armed in turn: %s", r->fresh_name,
+                 ncfsm_comm_last_error(q->rep.fresh));
+  } else if (r->sub) {
+    ncfsm_boot_close(r->sub);
+  }
+  if (q->rep.status != NCFSM_OK) r->sub = NULL;
+  if (r->cb) r->cb(&q->rep, r->arg);
+  LOCK(r->loop);
+  ncfsm__comm_unref(q->rep.old);
+  UNLOCK(r->loop);
+  free(q);
+}
+
+static void report(struct ncfsm__recovery *r, ncfsm_result_t status) {
+  struct report *q = calloc(1, sizeof *q + (size_t)r->nexcluded * sizeof(int));
+  if (!q) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s] recovery: out of memory for its report (%s)", r->fresh_name, ncfsm_err_name(status));
+    return;
+  }
+  q->r = r;
+  memcpy(q->excluded, r->excluded, (size_t)r->nexcluded * sizeof(int));
+  ncfsm_recovery_report *rep = &q->rep;
+  rep->status = status;
+  rep->old = r->old;
+  rep->fresh = status == NCFSM_OK ? r->fresh : NULL;
+  rep->boot = status == NCFSM_OK ? r->sub : NULL;
+  rep->nexcluded = r->nexcluded;
+  rep->how = r->how ? r->how : "-";
+  rep->epoch = r->epoch;
+  uint64_t now = ncfsm__now_ns();
+  rep->detect_to_agreed_ms = r->t_agreed ? (double)(r->t_agreed - r->t_fail) / 1e6 : -1;
+  rep->detect_to_ready_ms = status == NCFSM_OK ? (double)(now - r->t_fail) / 1e6 : -1;
+  rep->t_fail_ns = r->t_fail;
+  snprintf(rep->why, sizeof rep->why, "%s", r->why);
+  if (status == NCFSM_OK) r->fresh = NULL; /* the program's now */
+  if (ncfsm__loop_defer(r->loop, deliver, q) != NCFSM_OK) {
+    free(q);
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s] recovery: out of memory for its report", r->fresh_name);
+  }
+}
+
+/* ---- actions ----------------------------------------------------------------------------------- */
+
+static void free_requests(struct ncfsm__recovery *r) {
   if (r->agree) ncfsm_boot_req_free(r->agree);
   if (r->vote_req) ncfsm_boot_req_free(r->vote_req);
-  free(r->alive);
-  free(r->excluded);
-  free(r->votes);
-  free(r);
+  r->agree = r->vote_req = NULL;
+}
+
+static void abort_comm(ncfsm_comm *c) {
+  if (c && !(ncfsm__sflags(c->state) & NCFSM_SF_END)) ncfsm__comm_abort_locked(c);
+}
+
+/* The new comm in the making goes: aborted, released. */
+static void drop_fresh(struct ncfsm__recovery *r) {
+  ncfsm_comm *f = r->fresh;
+  if (!f) return;
+  r->fresh = NULL;
+  abort_comm(f);
+  f->rops = NULL;
+  f->recovery = NULL;
+  ncfsm__comm_release_locked(f);
 }
 
 static ncfsm_comm *new_fresh(struct ncfsm__recovery *r) {
@@ -81,273 +230,220 @@ static ncfsm_comm *new_fresh(struct ncfsm__recovery *r) {
   o.sim = &r->fresh_sim;
   o.name = r->fresh_name;
   o.verify = NCFSM_VERIFY_OFF;
-  if (ncfsm_comm_new(r->loop, &o, &c) != NCFSM_OK) return NULL;
+  if (ncfsm__comm_new_locked(r->loop, &o, &c) != NCFSM_OK) return NULL;
+  c->rops = &watch_ops; /* its state changes step the recovery */
+  c->recovery = r;
   return c;
 }
 
-static void finish(struct ncfsm__recovery *r, ncfsm_result_t status) {
-  if (r->agree) {
-    ncfsm_boot_req_free(r->agree);
-    r->agree = NULL;
-  }
-  if (r->vote_req) {
-    ncfsm_boot_req_free(r->vote_req);
-    r->vote_req = NULL;
-  }
-  ncfsm_recovery_report rep;
-  memset(&rep, 0, sizeof rep);
-  rep.status = status;
-  rep.old = r->old;
-  rep.fresh = status == NCFSM_OK ? r->fresh : NULL;
-  rep.boot = status == NCFSM_OK ? r->sub : NULL;
-  rep.excluded = r->excluded;
-  rep.nexcluded = r->nexcluded;
-  rep.how = r->how ? r->how : "-";
-  rep.epoch = r->epoch;
-  uint64_t now = ncfsm__now_ns();
-  rep.detect_to_agreed_ms = r->t_agreed ? (double)(r->t_agreed - r->t_fail) / 1e6 : -1;
-  rep.detect_to_ready_ms = status == NCFSM_OK ? (double)(now - r->t_fail) / 1e6 : -1;
-  rep.t_fail_ns = r->t_fail;
-  snprintf(rep.why, sizeof rep.why, "%s", r->why);
-  /* R7: the old comm is aborted, never destroyed */
-  if (ncfsm_comm_state(r->old) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(r->old);
-  if (status != NCFSM_OK && r->fresh) {
-    if (ncfsm_comm_state(r->fresh) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(r->fresh);
-    ncfsm_comm_release(r->fresh);
-    r->fresh = NULL;
-  }
-  if (status != NCFSM_OK && r->sub) {
-    ncfsm_boot_close(r->sub);
-    r->sub = NULL;
-  }
-  /* the new comm is armed in turn, on the survivors' bootstrap */
-  if (status == NCFSM_OK) {
-    ncfsm_recovery_opts ro = {r->sub, &r->fresh_opts, r->cb, r->arg};
-    ncfsm_comm_set_recovery(r->fresh, &ro);
-  }
-  r->phase = P_DONE;
-  ncfsm_comm *old = r->old;
-  if (r->cb) r->cb(&rep, r->arg);
-  LOCK(r->loop);
-  ncfsm__comm_unref(old);
-  UNLOCK(r->loop);
+#define ACT(name) static void ract_##name(void *obj, void *payload)
+#define REC struct ncfsm__recovery *r = obj; const char *what = payload; (void)what
+
+ACT(hold) {
+  REC;
+  r->t_fail = ncfsm__now_ns();
+  snprintf(r->why, sizeof r->why, "%s", what ? what : "");
+  r->old->refs++; /* released at the report */
+  schedule(r);
 }
 
-static void fail_recovery(struct ncfsm__recovery *r, const char *what, const char *detail) {
-  char msg[384];
-  snprintf(msg, sizeof msg, "%s: %s", what, detail);
-  snprintf(r->why, sizeof r->why, "%.383s", msg);
-  NCFSM_WARN(NCFSM__SUB_FSM, "[%s] recovery failed: %s", r->old->name, msg);
-  finish(r, NCFSM_ERR_BOOTSTRAP);
-}
-
-static void start_reinit(struct ncfsm__recovery *r) {
-  if (ncfsm_comm_state(r->old) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(r->old);
-  if (r->fresh) {
-    if (ncfsm_comm_state(r->fresh) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(r->fresh);
-    ncfsm_comm_release(r->fresh);
-  }
-  r->fresh = new_fresh(r);
-  r->how = "reinit";
-  if (!r->fresh || ncfsm_comm_init_boot(r->fresh, r->sub) != NCFSM_OK) {
-    fail_recovery(r, "a new communicator over the survivors' bootstrap could not be initialised",
-                  r->fresh ? ncfsm_comm_last_error(r->fresh) : "out of memory");
+ACT(agree) {
+  REC;
+  r->epoch++;
+  /* R6 where the runtime has it: stop what is in flight (ERROR -> REVOKING -> REVOKED) */
+  if (r->old->state == NCFSM_STATE_ERROR && ncfsm__comm_guard(r->old, NCFSM__CG_HAS_REVOKE, NULL))
+    ncfsm__comm_revoke_locked(r->old);
+  if (ncfsm_boot_agree_post(r->boot, r->epoch, &r->agree) != NCFSM_OK) {
+    fire(r, NCFSM__RE_STEP_FAILED, "the bootstrap refused the survivors' agreement");
     return;
   }
-  r->phase = P_REINIT;
-  schedule(r, 1000);
+  ncfsm_boot_req_on_done(r->agree, req_done, r);
+  schedule(r); /* the agreement may be done already (one rank) */
 }
 
-/* Every survivor takes the same path: a decision that depends on a rank's own
- * view (may it shrink? did its shrink work?) is a vote, an allgather of one
- * byte on the survivors' bootstrap, and the path is taken only if every
- * survivor voted yes. */
-static bool vote_post(struct ncfsm__recovery *r, bool yes) {
-  int n = ncfsm_boot_size(r->sub);
-  if (!r->votes && !(r->votes = calloc((size_t)n, 1))) return false;
-  r->my_vote = yes;
-  return ncfsm_boot_allgather_post(r->sub, &r->my_vote, r->votes, 1, &r->vote_req) == NCFSM_OK;
-}
-
-/* 1: every survivor said yes, 0: someone said no, -1: not done, -2: failed. */
-static int vote_result(struct ncfsm__recovery *r) {
-  ncfsm_result_t t = ncfsm_boot_test(r->vote_req);
-  if (t == NCFSM_ERR_AGAIN) return -1;
-  ncfsm_boot_req_free(r->vote_req);
-  r->vote_req = NULL;
-  if (t != NCFSM_OK) return -2;
-  int all = 1;
-  for (int i = 0; i < ncfsm_boot_size(r->sub); i++) all &= r->votes[i] == 1;
-  return all;
-}
-
-static void step(evutil_socket_t fd, short what, void *arg) {
-  (void)fd;
-  (void)what;
-  struct ncfsm__recovery *r = arg;
-  ncfsm_comm *old = r->old;
-  if (r->phase != P_ARMED && r->phase != P_DONE) {
-    ncfsm_state_t os = ncfsm_comm_state(old);
-    if (r->phase < P_PLAN && (os == NCFSM_STATE_CLOSED || os == NCFSM_STATE_CLOSING)) {
-      /* the program aborted the comm meanwhile (e.g. at its end): nothing to replace */
-      fail_recovery(r, "the communicator was aborted before its recovery could replace it", ncfsm_comm_failure(old));
-      return;
-    }
+ACT(plan) {
+  REC;
+  int size = ncfsm_boot_size(r->boot);
+  r->alive = calloc((size_t)size, 1);
+  r->excluded = calloc((size_t)size, sizeof *r->excluded);
+  if (!r->alive || !r->excluded || ncfsm_boot_agree_result(r->agree, r->alive, &r->nalive) != NCFSM_OK) {
+    fire(r, NCFSM__RE_STEP_FAILED, "the survivors' agreement has no result");
+    return;
   }
-  switch (r->phase) {
-    case P_ARMED:
-    case P_DONE: return;
-    case P_START: {
-      r->epoch++;
-      /* R6 where the runtime has it: stop what is in flight (ERROR -> REVOKING -> REVOKED) */
-      if (ncfsm_comm_state(old) == NCFSM_STATE_ERROR) ncfsm_comm_revoke(old);
-      ncfsm_result_t pr = ncfsm_boot_agree_post(r->boot, r->epoch, &r->agree);
-      if (pr != NCFSM_OK) {
-        fail_recovery(r, "the bootstrap refused the survivors' agreement", ncfsm_boot_last_error(r->boot));
-        return;
-      }
-      r->phase = P_AGREE;
-      schedule(r, 1000);
-      return;
-    }
-    case P_AGREE: {
-      ncfsm_result_t t = ncfsm_boot_test(r->agree);
-      ncfsm_state_t s = ncfsm_comm_state(old);
-      if (t == NCFSM_ERR_AGAIN || s == NCFSM_STATE_REVOKING) {
-        schedule(r, 1000);
-        return;
-      }
-      if (t != NCFSM_OK) {
-        fail_recovery(r, "the survivors' agreement failed", ncfsm_boot_last_error(r->boot));
-        return;
-      }
-      int size = ncfsm_boot_size(r->boot);
-      r->alive = calloc((size_t)size, 1);
-      r->excluded = calloc((size_t)size, sizeof *r->excluded);
-      if (!r->alive || !r->excluded ||
-          ncfsm_boot_agree_result(r->agree, r->alive, &r->nalive) != NCFSM_OK) {
-        fail_recovery(r, "the survivors' agreement has no result", ncfsm_boot_last_error(r->boot));
-        return;
-      }
-      for (int i = 0; i < size; i++)
-        if (!r->alive[i]) r->excluded[r->nexcluded++] = i;
-      r->t_agreed = ncfsm__now_ns();
-      if (ncfsm_boot_survivors(r->boot, r->agree, &r->sub) != NCFSM_OK) {
-        fail_recovery(r, "the survivors' bootstrap could not be opened", ncfsm_boot_last_error(r->boot));
-        return;
-      }
-      ncfsm_boot_req_free(r->agree); /* a bootstrap with a request out cannot be closed */
-      r->agree = NULL;
-      /* May this rank shrink? Some rank left, the comm has an NCCL communicator
-       * that was ready once, and the runtime has Shrink. Every survivor votes. */
-      s = ncfsm_comm_state(old);
-      unsigned feat = old->be->features();
-      bool can = r->nexcluded > 0 && (s == NCFSM_STATE_ERROR || s == NCFSM_STATE_REVOKED) && old->ready_once &&
-                 old->be->comm_shrink && (feat & NCFSM__HAS_SHRINK);
-      if (!vote_post(r, can)) {
-        fail_recovery(r, "the survivors' vote could not be posted", ncfsm_boot_last_error(r->sub));
-        return;
-      }
-      r->phase = P_PLAN;
-      schedule(r, 1000);
-      return;
-    }
-    case P_PLAN: {
-      int v = vote_result(r);
-      if (v == -1) {
-        schedule(r, 1000);
-        return;
-      }
-      if (v == -2) {
-        fail_recovery(r, "the survivors' vote failed", ncfsm_boot_last_error(r->sub));
-        return;
-      }
-      if (v == 1) {
-        r->fresh = new_fresh(r);
-        r->how = "shrink";
-        if (r->fresh && ncfsm_comm_shrink(old, r->excluded, r->nexcluded, NCFSM_SHRINK_ABORT, r->fresh) == NCFSM_OK) {
-          r->phase = P_SHRINK;
-          schedule(r, 1000);
-          return;
-        }
-        /* refused here: vote no, with the others */
-        NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: the shrink was refused (%s)", old->name, ncfsm_comm_last_error(old));
-        if (!vote_post(r, false)) {
-          fail_recovery(r, "the survivors' vote could not be posted", ncfsm_boot_last_error(r->sub));
-          return;
-        }
-        r->phase = P_SHRINK_VOTE;
-        schedule(r, 1000);
-        return;
-      }
-      start_reinit(r);
-      return;
-    }
-    case P_SHRINK: {
-      ncfsm_state_t fs = ncfsm_comm_state(r->fresh);
-      bool ok = fs == NCFSM_STATE_READY;
-      if (!ok && fs != NCFSM_STATE_ERROR && fs != NCFSM_STATE_CLOSED) {
-        schedule(r, 1000); /* the child's own deadline bounds this */
-        return;
-      }
-      if (!ok)
-        NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: the shrunk communicator failed (%s)", old->name,
-                   ncfsm_comm_failure(r->fresh));
-      if (!vote_post(r, ok)) {
-        fail_recovery(r, "the survivors' vote could not be posted", ncfsm_boot_last_error(r->sub));
-        return;
-      }
-      r->phase = P_SHRINK_VOTE;
-      schedule(r, 1000);
-      return;
-    }
-    case P_SHRINK_VOTE: {
-      int v = vote_result(r);
-      if (v == -1) {
-        schedule(r, 1000);
-        return;
-      }
-      if (v == -2) {
-        fail_recovery(r, "the survivors' vote failed", ncfsm_boot_last_error(r->sub));
-        return;
-      }
-      if (v == 1) {
-        finish(r, NCFSM_OK);
-        return;
-      }
-      NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: a survivor's shrink failed; a new communicator instead", old->name);
-      start_reinit(r);
-      return;
-    }
-    case P_REINIT: {
-      ncfsm_state_t fs = ncfsm_comm_state(r->fresh);
-      if (fs == NCFSM_STATE_READY) {
-        finish(r, NCFSM_OK);
-        return;
-      }
-      if (fs == NCFSM_STATE_ERROR || fs == NCFSM_STATE_CLOSED) {
-        fail_recovery(r, "the new communicator over the survivors failed", ncfsm_comm_failure(r->fresh));
-        return;
-      }
-      schedule(r, 1000);
-      return;
-    }
+  for (int i = 0; i < size; i++)
+    if (!r->alive[i]) r->excluded[r->nexcluded++] = i;
+  r->t_agreed = ncfsm__now_ns();
+  if (ncfsm_boot_survivors(r->boot, r->agree, &r->sub) != NCFSM_OK) {
+    fire(r, NCFSM__RE_STEP_FAILED, "the survivors' bootstrap could not be opened");
+    return;
   }
+  ncfsm_boot_req_free(r->agree); /* a bootstrap with a request out cannot be closed */
+  r->agree = NULL;
+  /* May this rank shrink? Some rank left, the comm was ready once (ERROR or
+   * REVOKED, not INIT_FAILED) and the runtime has Shrink. Every survivor votes. */
+  ncfsm_state_t s = (ncfsm_state_t)r->old->state;
+  bool can = r->nexcluded > 0 && (s == NCFSM_STATE_ERROR || s == NCFSM_STATE_REVOKED) &&
+             ncfsm__comm_guard(r->old, NCFSM__CG_HAS_SHRINK, NULL);
+  if (!vote_post(r, can)) fire(r, NCFSM__RE_STEP_FAILED, "the survivors' vote could not be posted");
 }
 
-/* With the loop's lock: the comm failed (or lost a rank); start once. */
-void ncfsm__recover_start(ncfsm_comm *c, const char *why) {
+ACT(shrink) {
+  REC;
+  r->fresh = new_fresh(r);
+  r->how = "shrink";
+  if (r->fresh && ncfsm__comm_shrink_locked(r->old, r->excluded, r->nexcluded, NCFSM_SHRINK_ABORT, r->fresh) == NCFSM_OK) {
+    schedule(r);
+    return;
+  }
+  /* refused here: vote no, with the others */
+  NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: the shrink was refused (%s)", r->old->name, r->old->last_error);
+  fire(r, NCFSM__RE_FRESH_FAILED, NULL);
+}
+
+ACT(vote_fresh) {
+  REC;
+  bool ok = r->fresh && r->fresh->state == NCFSM_STATE_READY;
+  if (!ok && r->fresh)
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: the shrunk communicator failed (%s)", r->old->name, r->fresh->failure);
+  if (!vote_post(r, ok)) fire(r, NCFSM__RE_STEP_FAILED, "the survivors' vote could not be posted");
+}
+
+ACT(reinit) {
+  REC;
+  abort_comm(r->old);
+  drop_fresh(r);
+  r->fresh = new_fresh(r);
+  r->how = "reinit";
+  if (!r->fresh || ncfsm__comm_init_boot_locked(r->fresh, r->sub) != NCFSM_OK) {
+    snprintf(r->why, sizeof r->why, "a new communicator over the survivors' bootstrap could not be initialised: %.300s",
+             r->fresh ? r->fresh->last_error : "out of memory");
+    fire(r, NCFSM__RE_STEP_FAILED, r->why);
+    return;
+  }
+  ncfsm__loop_wake(r->loop);
+}
+
+ACT(succeed) {
+  REC;
+  free_requests(r);
+  abort_comm(r->old); /* R7: the old comm is aborted, never destroyed */
+  r->fresh->rops = NULL; /* armed in turn by the report, on the survivors' bootstrap */
+  r->fresh->recovery = NULL;
+  report(r, NCFSM_OK);
+}
+
+ACT(fail) {
+  REC;
+  char msg[384];
+  snprintf(msg, sizeof msg, "%.380s", what ? what : "recovery failed");
+  if (strcmp(msg, r->why)) snprintf(r->why, sizeof r->why, "%.383s", msg);
+  NCFSM_WARN(NCFSM__SUB_FSM, "[%s] recovery failed: %s", r->old->name, r->why);
+  free_requests(r);
+  abort_comm(r->old);
+  drop_fresh(r);
+  report(r, NCFSM_ERR_BOOTSTRAP);
+}
+
+ACT(cancel) {
+  REC;
+  NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery cancelled: the loop closes", r->fresh_name);
+  free_requests(r);
+  drop_fresh(r);
+  if (r->old) ncfsm__comm_unref(r->old); /* the reference taken at its start */
+}
+
+static void (*const recover_acts[NCFSM__RA_COUNT])(void *, void *) = {
+#define NCFSM_ACTION(name, desc) [NCFSM__RA_##name] = ract_##name,
+#define ract_none NULL
+#include "fsm/recover.def"
+#undef ract_none
+};
+
+static bool recover_guard(const void *obj, unsigned g, const void *payload) {
+  (void)obj;
+  (void)payload;
+  return g == NCFSM__RG_ANY;
+}
+
+static const ncfsm__binding recover_binding = {&ncfsm__m_recover, recover_guard, recover_acts, NULL};
+
+static void fire(struct ncfsm__recovery *r, ncfsm__recover_event_t ev, const char *what) {
+  if (!ncfsm__m_fire(&recover_binding, r, &r->state, ev, (void *)what))
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery: %s ignored in state %s", r->fresh_name, ncfsm__m_recover.events[ev].name,
+               ncfsm__m_recover.states[r->state].name);
+}
+
+/* ---- the hooks ------------------------------------------------------------------------------------ */
+
+static bool on_armed(const ncfsm_comm *c) { return c->recovery && c->recovery->state == NCFSM__RS_ARMED; }
+static void on_start(ncfsm_comm *c, const char *why) { fire(c->recovery, NCFSM__RE_COMM_FAILED, why); }
+static void on_stepped(ncfsm_comm *c) {
   struct ncfsm__recovery *r = c->recovery;
-  if (!r || r->phase != P_ARMED) return;
-  r->phase = P_START;
-  r->t_fail = ncfsm__now_ns();
-  snprintf(r->why, sizeof r->why, "%s", why);
-  c->refs++; /* released at the report */
-  schedule(r, 0);
+  if (r && (ncfsm__m_recover.states[r->state].flags & NCFSM__RF_RUNNING)) schedule(r);
 }
+/* The armed comm is freed: it leaves its recovery, which stays in the
+ * loop's list until the loop closes (its bootstrap may still report to it:
+ * peer_lost ignores a recovery without a comm). */
+static void on_detach(ncfsm_comm *c) {
+  struct ncfsm__recovery *r = c->recovery;
+  c->recovery = NULL;
+  c->rops = NULL;
+  if (r && r->old == c) r->old = NULL;
+}
+static void on_detach_fresh(ncfsm_comm *c) {
+  struct ncfsm__recovery *r = c->recovery;
+  c->recovery = NULL;
+  c->rops = NULL;
+  if (r && r->fresh == c) r->fresh = NULL;
+}
+static bool never(const ncfsm_comm *c) {
+  (void)c;
+  return false;
+}
+static void ignore(ncfsm_comm *c, const char *why) {
+  (void)c;
+  (void)why;
+}
+
+static const ncfsm__recovery_ops armed_ops = {on_armed, on_start, on_stepped, on_detach};
+static const ncfsm__recovery_ops watch_ops = {never, ignore, on_stepped, on_detach_fresh};
+
+/* ---- the loop's hooks ------------------------------------------------------------------------------ */
+
+/* ncfsm_loop_close, without the lock: a recovery still running (its steps
+ * will never run again) lets go of what it holds, without a report; a
+ * survivors' bootstrap is closed here, outside the lock. */
+static void cancel_all(ncfsm_loop *loop) {
+  LOCK(loop);
+  for (struct ncfsm__recovery *r = loop->recoveries; r; r = r->next) fire(r, NCFSM__RE_CANCEL, NULL);
+  struct ncfsm__recovery *r = loop->recoveries;
+  UNLOCK(loop);
+  for (; r; r = r->next)
+    if (r->state == NCFSM__RS_CANCELLED && r->sub) {
+      ncfsm_boot_close(r->sub);
+      r->sub = NULL;
+    }
+}
+
+static void free_all(ncfsm_loop *loop) {
+  while (loop->recoveries) {
+    struct ncfsm__recovery *r = loop->recoveries;
+    loop->recoveries = r->next;
+    if (r->old && r->old->recovery == r) on_detach(r->old);
+    free_requests(r);
+    free(r->alive);
+    free(r->excluded);
+    free(r->votes);
+    free(r);
+  }
+}
+
+/* ---- the API ---------------------------------------------------------------------------------------- */
 
 /* The bootstrap lost a rank: fail the comm (its works fail once, with the
- * cause); an armed recovery starts through the error policy. */
+ * cause); the error policy starts the armed recovery. Only a comm in service
+ * (flag LIVE) fails: ranks that end a job close their bootstraps one after
+ * the other, and a comm that is finalizing (or done) ends anyway. */
 static void peer_lost(ncfsm_boot *b, int rank, const char *why, void *arg) {
   (void)b;
   struct ncfsm__recovery *r = arg;
@@ -355,15 +451,11 @@ static void peer_lost(ncfsm_boot *b, int rank, const char *why, void *arg) {
   ncfsm_comm *c = r->old;
   char what[400];
   snprintf(what, sizeof what, "rank %d lost (bootstrap: %s)", rank, why);
-  /* Only a comm in service fails: ranks that end a job close their bootstraps
-   * one after the other, and a comm that is finalizing (or done) ends anyway. */
-  ncfsm_state_t s = c ? c->state : NCFSM_STATE_CLOSED;
-  bool in_service = s == NCFSM_STATE_READY || s == NCFSM_STATE_GROUP_OPEN || s == NCFSM_STATE_LAUNCH_IN_PROGRESS ||
-                    s == NCFSM_STATE_SPLITTING || s == NCFSM_STATE_INIT_QUEUED || s == NCFSM_STATE_INIT_IN_PROGRESS;
-  if (r->phase == P_ARMED && in_service)
+  if (c && r->state == NCFSM__RS_ARMED && ncfsm__has(c, NCFSM_SF_LIVE))
     ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_ASYNC, NCFSM__NCCL_SUCCESS, what);
   else if (c)
-    NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] %s: ignored in state %s", c->name, c->rank, what, ncfsm_state_name(s));
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] %s: ignored in state %s", c->name, c->rank, what,
+               ncfsm_state_name((ncfsm_state_t)c->state));
   ncfsm__loop_wake(r->loop);
   UNLOCK(r->loop);
 }
@@ -372,25 +464,28 @@ static ncfsm_result_t disarm(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   LOCK(loop);
   struct ncfsm__recovery *r = c->recovery;
-  if (r && r->phase != P_ARMED && r->phase != P_DONE) {
-    ncfsm__set_error(c, "ncfsm_comm_set_recovery(NULL): a recovery of this comm is running; wait for its report");
+  if (r && c->rops == &armed_ops && r->state != NCFSM__RS_ARMED && r->state != NCFSM__RS_DONE &&
+      r->state != NCFSM__RS_FAILED) {
+    ncfsm__set_error(c, "ncfsm_comm_set_recovery(NULL): a recovery of this comm is running (%s); wait for its report",
+                     ncfsm__m_recover.states[r->state].name);
     UNLOCK(loop);
     return NCFSM_ERR_ILLEGAL_STATE;
   }
   UNLOCK(loop);
   if (r) ncfsm_boot_on_peer_lost(r->boot, NULL, NULL);
   LOCK(loop);
-  ncfsm__recover_detach(c);
+  if (c->rops == &armed_ops) on_detach(c);
   UNLOCK(loop);
   return NCFSM_OK;
 }
 
 ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *c, const ncfsm_recovery_opts *o) {
-  if (!c || c->magic != NCFSM__COMM_MAGIC || (o && !o->boot)) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!ncfsm__comm_ok(c) || (o && !o->boot)) return NCFSM_ERR_INVALID_ARGUMENT;
   if (!o) return disarm(c);
   ncfsm_loop *loop = c->loop;
   struct ncfsm__recovery *r = calloc(1, sizeof *r);
   if (!r) return NCFSM_ERR_NO_MEMORY;
+  r->state = NCFSM__RS_ARMED; /* fsm/recover.def's initial state */
   r->loop = loop;
   r->old = c;
   r->boot = o->boot;
@@ -400,23 +495,21 @@ ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *c, const ncfsm_recovery_opts 
   snprintf(r->fresh_name, sizeof r->fresh_name, "%s", r->fresh_opts.name ? r->fresh_opts.name : c->name);
   r->cb = o->cb;
   r->arg = o->arg;
-  r->timer = evtimer_new(ncfsm_loop_base(loop), step, r);
-  if (!r->timer) {
-    free(r);
-    return NCFSM_ERR_NO_MEMORY;
-  }
   LOCK(loop);
-  if (c->recovery || !ncfsm__has(c, NCFSM_SF_WORKS | NCFSM_SF_POLL | NCFSM_SF_DEADLINE)) {
-    ncfsm__set_error(c, "ncfsm_comm_set_recovery: %s (state %s); arm a comm once, between its init and its "
-                        "failure", c->recovery ? "recovery is armed already" : "the comm is not live",
-                     ncfsm_state_name(c->state));
+  if (c->rops == &armed_ops || !ncfsm__has(c, NCFSM_SF_WORKS | NCFSM_SF_POLL | NCFSM_SF_DEADLINE)) {
+    bool armed = c->rops == &armed_ops;
+    ncfsm__set_error(c, "ncfsm_comm_set_recovery: %s (state %s); arm a comm once, between its init and its failure",
+                     armed ? "recovery is armed already" : "the comm is not live", ncfsm_state_name((ncfsm_state_t)c->state));
     UNLOCK(loop);
-    rec_free(r);
-    return c->recovery ? NCFSM_ERR_INVALID_USAGE : NCFSM_ERR_ILLEGAL_STATE;
+    free(r);
+    return armed ? NCFSM_ERR_INVALID_USAGE : NCFSM_ERR_ILLEGAL_STATE;
   }
   c->recovery = r;
+  c->rops = &armed_ops;
   r->next = loop->recoveries;
   loop->recoveries = r;
+  loop->hooks.cancel = cancel_all;
+  loop->hooks.free_all = free_all;
   UNLOCK(loop);
   ncfsm_result_t pr = ncfsm_boot_on_peer_lost(o->boot, peer_lost, r);
   if (pr != NCFSM_OK && pr != NCFSM_ERR_UNSUPPORTED) return pr;
@@ -424,74 +517,22 @@ ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *c, const ncfsm_recovery_opts 
 }
 
 ncfsm_result_t ncfsm_comm_recover(ncfsm_comm *c) {
-  if (!c || c->magic != NCFSM__COMM_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!ncfsm__comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
   LOCK(c->loop);
-  ncfsm_result_t r = NCFSM_OK;
-  if (!c->recovery) {
-    ncfsm__set_error(c, "ncfsm_comm_recover: no recovery is armed on this comm: call ncfsm_comm_set_recovery "
-                        "first");
-    r = NCFSM_ERR_INVALID_USAGE;
-  } else if (c->recovery->phase != P_ARMED) {
-    ncfsm__set_error(c, "ncfsm_comm_recover: a recovery of this comm has started already");
-    r = NCFSM_ERR_ILLEGAL_STATE;
+  ncfsm_result_t res = NCFSM_OK;
+  struct ncfsm__recovery *r = c->rops == &armed_ops ? c->recovery : NULL;
+  if (!r) {
+    ncfsm__set_error(c, "ncfsm_comm_recover: no recovery is armed on this comm: call ncfsm_comm_set_recovery first");
+    res = NCFSM_ERR_INVALID_USAGE;
+  } else if (r->state != NCFSM__RS_ARMED) {
+    ncfsm__set_error(c, "ncfsm_comm_recover: a recovery of this comm has started already (%s)",
+                     ncfsm__m_recover.states[r->state].name);
+    res = NCFSM_ERR_ILLEGAL_STATE;
   } else {
     if (ncfsm__has(c, NCFSM_SF_WORKS | NCFSM_SF_POLL))
-      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_ASYNC, NCFSM__NCCL_SUCCESS,
-                       "ncfsm_comm_recover: recovery requested");
-    ncfsm__recover_start(c, "recovery requested (ncfsm_comm_recover)");
+      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_ASYNC, NCFSM__NCCL_SUCCESS, "ncfsm_comm_recover: recovery requested");
+    if (r->state == NCFSM__RS_ARMED) fire(r, NCFSM__RE_COMM_FAILED, "recovery requested (ncfsm_comm_recover)");
   }
   UNLOCK(c->loop);
-  return r;
-}
-
-/* ncfsm_loop_close, before anything else: a recovery still running (its
- * steps will never run again) lets go of what it holds (its new comm, the
- * survivors' bootstrap, its requests, its reference on the old comm),
- * without a report. Without the lock. */
-void ncfsm__recover_cancel_all(ncfsm_loop *loop) {
-  for (;;) {
-    LOCK(loop);
-    struct ncfsm__recovery *r = loop->recoveries;
-    while (r && (r->phase == P_ARMED || r->phase == P_DONE)) r = r->next;
-    if (r) r->phase = P_DONE;
-    UNLOCK(loop);
-    if (!r) return;
-    NCFSM_INFO(NCFSM__SUB_FSM, "[%s] recovery cancelled: the loop closes", r->old ? r->old->name : "?");
-    evtimer_del(r->timer);
-    if (r->agree) ncfsm_boot_req_free(r->agree);
-    if (r->vote_req) ncfsm_boot_req_free(r->vote_req);
-    r->agree = r->vote_req = NULL;
-    if (r->fresh) {
-      if (ncfsm_comm_state(r->fresh) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(r->fresh);
-      ncfsm_comm_release(r->fresh);
-      r->fresh = NULL;
-    }
-    if (r->sub) ncfsm_boot_close(r->sub);
-    r->sub = NULL;
-    LOCK(loop);
-    if (r->old) ncfsm__comm_unref(r->old); /* the reference taken at its start */
-    UNLOCK(loop);
-  }
-}
-
-/* Loop close: pending recoveries end without a report. */
-void ncfsm__recover_free_all(ncfsm_loop *loop) {
-  while (loop->recoveries) {
-    struct ncfsm__recovery *r = loop->recoveries;
-    loop->recoveries = r->next;
-    if (r->old && r->old->recovery == r) r->old->recovery = NULL;
-    rec_free(r);
-  }
-}
-
-/* A comm being freed (or disarmed): it leaves its recovery, which stays in
- * the loop's list until the loop closes (its bootstrap may still report to
- * it: peer_lost ignores a recovery without a comm). A started recovery holds
- * its comm, so this runs only before or after one. */
-void ncfsm__recover_detach(ncfsm_comm *c) {
-  struct ncfsm__recovery *r = c->recovery;
-  if (!r) return;
-  c->recovery = NULL;
-  r->old = NULL;
-  r->phase = P_DONE;
+  return res;
 }

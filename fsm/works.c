@@ -1,34 +1,148 @@
-/* Works and references: final states and the callbacks' queue, work and
- * comm reference counts, the work free list with its quarantine, completion
- * event marks, and failing a comm's unfinished works. */
-#include <stdarg.h>
-#include <stdio.h>
+/* Works: the work machine (fsm/work.def) with its actions, work and comm
+ * references, the work free list with its quarantine, and the recorder's
+ * view of a work. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm/internal.h"
+#include <xxhash.h>
+
+#include "fsm/objects.h"
 #include "ncfsm/bootstrap.h"
 
-void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int n = snprintf(c->last_error, sizeof c->last_error, "[%s rank %d] ", c->name, c->rank);
-  if (n < 0 || (size_t)n >= sizeof c->last_error) n = 0;
-  vsnprintf(c->last_error + n, sizeof c->last_error - (size_t)n, fmt, ap);
-  va_end(ap);
-  NCFSM_INFO(NCFSM__SUB_FSM, "%s", c->last_error);
+/* ---- the work machine ------------------------------------------------------------ */
+
+static void stats_note(ncfsm__stats *s, ncfsm_work *w, unsigned st) {
+  s->works_final[st]++;
+  w->comm->works_final[st]++;
+  unsigned k = (unsigned)w->fp.op;
+  if (k >= NCFSM_OPKIND_COUNT || w->t_complete < w->t_submit) return;
+  uint64_t ns = w->t_complete - w->t_submit, us = (ns + 999) / 1000;
+  unsigned b = 0;
+  while (b < NCFSM__LAT_BUCKETS - 1 && us > (1ull << b)) b++;
+  s->lat_bucket[k][b]++;
+  s->lat_count[k]++;
+  s->lat_sum_ns[k] += ns;
 }
 
-/* ---- comms ------------------------------------------------------------------- */
+/* R11: a work's seq is taken when it is handed to NCCL, in the comm's
+ * launch order; the rolling hash follows the collectives launched. */
+static void wact_launch(void *obj, void *payload) {
+  ncfsm_work *w = obj;
+  const ncfsm__wev *p = payload;
+  ncfsm_comm *c = w->comm;
+  switch (w->op.kind) {
+    case NCFSM_KIND_SEND: w->fp.seq = c->p2p_send_seq[w->op.peer]++; break;
+    case NCFSM_KIND_RECV: w->fp.seq = c->p2p_recv_seq[w->op.peer]++; break;
+    default:
+      w->fp.seq = c->coll_seq++;
+      c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);
+      if (c->vops) c->vops->launched(c, w);
+      break;
+  }
+  w->group = p->launch;
+  w->t_launch = p->now;
+  w->deadline_ns = ncfsm__deadline(p->now, w->timeout_ms ? w->timeout_ms : c->opts.timeout_ms);
+}
+
+static void wact_in_flight(void *obj, void *payload) {
+  ncfsm_work *w = obj;
+  w->t_final = ((const ncfsm__wev *)payload)->now;
+}
+
+/* Final: the callback fires once, on the loop thread, at the next flush. */
+static void wact_finish(void *obj, void *payload) {
+  ncfsm_work *w = obj;
+  ncfsm_comm *c = w->comm;
+  ncfsm_loop *loop = c->loop;
+  w->status = payload ? ((const ncfsm__wev *)payload)->status : NCFSM_OK;
+  w->t_complete = ncfsm__now_ns();
+  if (w->vreq && c->vops) c->vops->forget(c, w);
+  ncfsm__rec_work(w);
+  stats_note(&loop->stats, w, w->state);
+  w->next = NULL;
+  if (loop->notify_tail) loop->notify_tail->next = w;
+  else loop->notify_head = w;
+  loop->notify_tail = w;
+}
+
+static void (*const work_acts[])(void *, void *) = {
+    [NCFSM__WA_none] = NULL,
+    [NCFSM__WA_launch] = wact_launch,
+    [NCFSM__WA_in_flight] = wact_in_flight,
+    [NCFSM__WA_finish] = wact_finish,
+};
+_Static_assert(sizeof work_acts / sizeof *work_acts == NCFSM__WA_COUNT, "one function per action of work.def");
+
+static bool work_guard(const void *obj, unsigned g, const void *payload) {
+  (void)obj;
+  (void)payload;
+  return g == NCFSM__WG_ANY;
+}
+
+static void work_step(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *row, void *payload) {
+  ncfsm_work *w = obj;
+  (void)ev;
+  (void)row;
+  ncfsm__rec_work(w);
+  ncfsm_loop *loop = w->comm->loop;
+  if (loop->trace) {
+    /* a final step reports the status it ends with (the action keeps it next) */
+    ncfsm_result_t st = ncfsm__work_state_final((ncfsm_work_state_t)w->state) ? ((const ncfsm__wev *)payload)->status
+                                                                               : w->status;
+    ncfsm_trace_rec r = {NCFSM_OBJ_WORK, w, w->comm->rank, w->fp.seq, (int)from, -1, (int)w->state, st,
+                         ncfsm__now_ns()};
+    loop->trace(&r, loop->trace_arg);
+  }
+}
+
+static const ncfsm__binding work_binding = {&ncfsm__m_work, work_guard, work_acts, work_step};
+
+void ncfsm__work_fire(ncfsm_work *w, ncfsm__work_event_t ev, const ncfsm__wev *p) {
+  ncfsm__wev none = {NCFSM_OK, 0, 0}, arg = p ? *p : none;
+  if (ncfsm__m_fire(&work_binding, w, &w->state, ev, &arg)) return;
+  NCFSM_LOG(NCFSM__LOG_ERROR, NCFSM__SUB_FSM, "[%s rank %d] work seq %llu: invalid event %s in state %s (engine defect)",
+            w->comm->name, w->comm->rank, (unsigned long long)w->fp.seq, ncfsm__m_work.events[ev].name,
+            ncfsm_work_state_name((ncfsm_work_state_t)w->state));
+  assert(!"invalid work event: fsm/work.def has no row");
+}
+
+void ncfsm__work_end(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status) {
+  if (ncfsm__work_state_final((ncfsm_work_state_t)w->state)) return;
+  ncfsm__wev p = {status, 0, 0};
+  ncfsm__work_fire(w, st == NCFSM_WORK_TIMED_OUT ? NCFSM__WE_TIME_OUT : st == NCFSM_WORK_ABORTED ? NCFSM__WE_ABORT
+                                                                                              : NCFSM__WE_FAIL,
+                   &p);
+}
+
+void ncfsm__rec_work(ncfsm_work *w) {
+  ncfsm__rec_entry *e = ncfsm__rec_get(w->comm->rec, w->rec);
+  if (!e) return; /* recorder off, or the entry was overwritten */
+  e->fp.seq = w->fp.seq;
+  e->group = w->group;
+  e->state = (int32_t)w->state;
+  e->t_launch_ns = w->t_launch;
+  e->t_final_ns = w->t_final;
+  if (ncfsm__work_state_final((ncfsm_work_state_t)w->state)) {
+    e->result = (int32_t)w->status;
+    e->t_complete_ns = w->t_complete;
+  }
+}
+
+/* ---- comms ------------------------------------------------------------------------ */
 
 static void comm_free(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   if (c->uid_req) ncfsm_boot_req_free(c->uid_req);
-  ncfsm__verify_free(c);
-  ncfsm__recover_detach(c);
+  if (c->vops) c->vops->free(c);
+  if (c->rops) c->rops->detach(c);
   free(c->uid_buf);
   for (ncfsm_comm **pp = &loop->comms; *pp; pp = &(*pp)->next)
-    if (*pp == c) { *pp = c->next; loop->ncomms--; break; }
+    if (*pp == c) {
+      *pp = c->next;
+      loop->ncomms--;
+      break;
+    }
   while (c->free_marks) {
     ncfsm__mark *m = c->free_marks;
     c->free_marks = m->next_free;
@@ -45,38 +159,17 @@ static void comm_free(ncfsm_comm *c) {
 }
 
 void ncfsm__comm_unref(ncfsm_comm *c) {
-  if (--c->refs == 0 && c->released) comm_free(c);
+  if (--c->refs == 0 && c->state == NCFSM_STATE_RELEASED) comm_free(c);
 }
 
-/* ---- marks ------------------------------------------------------------------- */
-
-ncfsm__mark *ncfsm__mark_get(ncfsm_comm *c) {
-  ncfsm__mark *m = c->free_marks;
-  if (m) {
-    c->free_marks = m->next_free;
-  } else {
-    m = calloc(1, sizeof *m);
-    if (!m) return NULL;
-    int rc = c->be->event_create_flags ? c->be->event_create_flags(c->opts.device, c->opts.timing, &m->event)
-                                       : c->be->event_create(c->opts.device, &m->event);
-    if (rc != 0) {
-      free(m);
-      return NULL;
-    }
-  }
-  m->refs = 0;
-  m->ready_at_final = -1;
-  m->next_free = NULL;
-  return m;
+uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c) {
+  pthread_mutex_lock(&c->loop->mu);
+  uint64_t n = c->be_calls;
+  pthread_mutex_unlock(&c->loop->mu);
+  return n;
 }
 
-void ncfsm__mark_put(ncfsm_comm *c, ncfsm__mark *m) {
-  if (--m->refs > 0) return;
-  m->next_free = c->free_marks;
-  c->free_marks = m;
-}
-
-/* ---- works ------------------------------------------------------------------- */
+/* ---- works' memory --------------------------------------------------------------------- */
 
 ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop) {
   ncfsm_work *w = NULL;
@@ -100,7 +193,7 @@ void ncfsm__work_unref(ncfsm_work *w) {
   if (w->start_mark) ncfsm__mark_put(c, w->start_mark);
   w->mark = w->start_mark = NULL;
   w->magic = NCFSM__DEAD_MAGIC;
-  w->user_held = false;
+  w->user_refs = 0;
   w->next = NULL;
   if (loop->free_tail) loop->free_tail->next = w;
   else loop->free_head = w;
@@ -117,141 +210,4 @@ void ncfsm__comm_free_all(ncfsm_loop *loop) {
   }
   loop->free_tail = NULL;
   loop->nfree = 0;
-}
-
-void ncfsm__work_set_state(ncfsm_work *w, ncfsm_work_state_t st) {
-  ncfsm_work_state_t from = w->state;
-  w->state = st;
-  ncfsm__rec_work(w);
-  ncfsm_loop *loop = w->comm->loop;
-  if (loop->trace) {
-    ncfsm_trace_rec r = {NCFSM_OBJ_WORK, w,        w->comm->rank, w->fp.seq, (int)from, -1,
-                         (int)st,        w->status, ncfsm__now_ns()};
-    loop->trace(&r, loop->trace_arg);
-  }
-}
-
-static void stats_note(ncfsm__stats *s, ncfsm_work *w, ncfsm_work_state_t st) {
-  if ((unsigned)st < NCFSM_WORK_STATE_COUNT) {
-    s->works_final[st]++;
-    w->comm->works_final[st]++;
-  }
-  unsigned k = (unsigned)w->fp.op;
-  if (k >= NCFSM_OPKIND_COUNT || w->t_complete < w->t_submit) return;
-  uint64_t ns = w->t_complete - w->t_submit, us = (ns + 999) / 1000;
-  unsigned b = 0;
-  while (b < NCFSM__LAT_BUCKETS - 1 && us > (1ull << b)) b++;
-  s->lat_bucket[k][b]++;
-  s->lat_count[k]++;
-  s->lat_sum_ns[k] += ns;
-}
-
-/* Final state: the callback fires once, on the loop thread, at the next flush. */
-void ncfsm__work_finish(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status) {
-  if (w->notified) return;
-  w->notified = true;
-  if (w->sreq) ncfsm__strict_forget(w);
-  w->status = status;
-  w->t_complete = ncfsm__now_ns();
-  ncfsm__work_set_state(w, st);
-  ncfsm_loop *loop = w->comm->loop;
-  stats_note(&loop->stats, w, st);
-  w->next = NULL;
-  if (loop->notify_tail) loop->notify_tail->next = w;
-  else loop->notify_head = w;
-  loop->notify_tail = w;
-}
-
-/* ---- failing a comm's works ------------------------------------------------------ */
-
-static void unlink_queue(ncfsm_comm *c, ncfsm__blink *l) {
-  ncfsm__blink **pp = &c->bq_head, *prev = NULL;
-  while (*pp && *pp != l) { prev = *pp; pp = &(*pp)->next; }
-  if (!*pp) return;
-  *pp = l->next;
-  if (c->bq_tail == l) c->bq_tail = prev;
-  l->next = NULL;
-  l->c = NULL;
-}
-
-void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status) {
-  ncfsm_loop *loop = c->loop;
-  while (c->bq_head) {
-    ncfsm__blink *l = c->bq_head;
-    ncfsm__batch *b = l->b;
-    ncfsm_work **pp = &b->head, *last = NULL;
-    while (*pp) {
-      ncfsm_work *w = *pp;
-      if (w->comm == c) {
-        *pp = w->bnext;
-        b->nworks--;
-        w->batch = NULL;
-        w->bnext = NULL;
-        ncfsm__work_finish(w, st, status);
-      } else {
-        last = w;
-        pp = &w->bnext;
-      }
-    }
-    b->tail = last;
-    unlink_queue(c, l);
-    if (--b->nlive == 0) {
-      loop->nqueued--;
-      if (b->explicit_group) free(b);
-    }
-  }
-  ncfsm_work **pp = &loop->group_head;
-  loop->group_tail = NULL;
-  while (*pp) {
-    ncfsm_work *w = *pp;
-    if (w->comm == c) {
-      *pp = w->bnext;
-      w->bnext = NULL;
-      ncfsm__work_finish(w, st, status);
-    } else {
-      loop->group_tail = w;
-      pp = &w->bnext;
-    }
-  }
-  c->ngroup = 0;
-}
-
-void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status) {
-  ncfsm__drop_queued(c, st, status);
-  while (c->launching) {
-    ncfsm_work *w = c->launching;
-    c->launching = w->next;
-    ncfsm__work_finish(w, st, status);
-  }
-  c->launching_tail = NULL;
-  for (int i = 0; i < c->nsq; i++) {
-    while (c->sq[i].head) {
-      ncfsm_work *w = c->sq[i].head;
-      c->sq[i].head = w->next;
-      ncfsm__work_finish(w, st, status);
-    }
-    c->sq[i].tail = NULL;
-  }
-}
-
-bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream) {
-  for (ncfsm_work *w = loop->group_head; w; w = w->bnext)
-    if (w->op.stream == stream) return true;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
-    for (ncfsm__blink *l = c->bq_head; l; l = l->next)
-      for (ncfsm_work *w = l->b->head; w; w = w->bnext)
-        if (w->op.stream == stream) return true;
-    for (ncfsm_work *w = c->launching; w; w = w->next)
-      if (w->op.stream == stream) return true;
-    for (int i = 0; i < c->nsq; i++)
-      if (c->sq[i].stream == stream && c->sq[i].head) return true;
-  }
-  return false;
-}
-
-uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c) {
-  pthread_mutex_lock(&c->loop->mu);
-  uint64_t n = c->be_calls;
-  pthread_mutex_unlock(&c->loop->mu);
-  return n;
 }

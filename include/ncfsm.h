@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "ncfsm/result.h"
+#include "ncfsm/states.h"
 #include "ncfsm/types.h"
 
 #ifdef __cplusplus
@@ -29,42 +30,8 @@ typedef struct ncfsm_loop ncfsm_loop;
 typedef struct ncfsm_comm ncfsm_comm;
 typedef struct ncfsm_work ncfsm_work;
 
-/* ---- states, events, calls: expanded from fsm/comm.def ------------------ */
-typedef enum ncfsm_state {
-#define NCFSM_STATE(name, flags, desc) NCFSM_STATE_##name,
-#include "ncfsm/comm.def"
-  NCFSM_STATE_COUNT
-} ncfsm_state_t;
-
-typedef enum ncfsm_event {
-#define NCFSM_EVENT(name, source, desc) NCFSM_EV_##name,
-#include "ncfsm/comm.def"
-  NCFSM_EVENT_COUNT
-} ncfsm_event_t;
-
-typedef enum ncfsm_call {
-#define NCFSM_CALL(name, fn) NCFSM_CALL_##name,
-#include "ncfsm/comm.def"
-  NCFSM_CALL_COUNT
-} ncfsm_call_t;
-
-typedef enum ncfsm_guard {
-#define NCFSM_GUARD(name, result, cond, hint) NCFSM_GUARD_##name,
-#include "ncfsm/comm.def"
-  NCFSM_GUARD_COUNT
-} ncfsm_guard_t;
-
-typedef enum ncfsm_action {
-#define NCFSM_ACTION(name, desc) NCFSM_ACT_##name,
-#include "ncfsm/comm.def"
-  NCFSM_ACTION_COUNT
-} ncfsm_action_t;
-
-typedef enum ncfsm_work_state {
-#define NCFSM_WORK_STATE(name, desc) NCFSM_WORK_##name,
-#include "ncfsm/comm.def"
-  NCFSM_WORK_STATE_COUNT
-} ncfsm_work_state_t;
+/* ---- states, events, calls (include/ncfsm/states.h, generated from
+ * fsm/comm.def and fsm/work.def; docs/fsm-tables.md) ------------------------ */
 
 /* What the legality table decides for a (state, call) cell. */
 typedef enum ncfsm_decision {
@@ -75,44 +42,35 @@ typedef enum ncfsm_decision {
 
 const char *ncfsm_state_name(ncfsm_state_t s);
 const char *ncfsm_event_name(ncfsm_event_t e);
-const char *ncfsm_call_name(ncfsm_call_t c);
-const char *ncfsm_guard_name(ncfsm_guard_t g);
-const char *ncfsm_action_name(ncfsm_action_t a);
+const char *ncfsm_call_name(ncfsm_call_t c);   /* "FINALIZE" */
+const char *ncfsm_call_fn(ncfsm_call_t c);     /* "ncfsm_comm_finalize" */
 const char *ncfsm_work_state_name(ncfsm_work_state_t s);
 const char *ncfsm_decision_name(ncfsm_decision_t d);
-/* NCFSM_SF_* attributes of a state (fsm/comm.def): POLL (an NCCL call is in
- * progress and polled), DEADLINE (the watchdog's phase deadline runs), WORKS
- * (works may be in flight), LAUNCH (queued ops may launch). */
+/* NCFSM_SF_* attributes of a state (include/ncfsm/states.h): POLL (an NCCL
+ * call is in progress and polled), DEADLINE (the watchdog's phase deadline
+ * runs), WORKS (works may be in flight), LAUNCH (queued ops may launch),
+ * CONTROL (the loop makes a call for the comm at its next turn), LIVE (in
+ * service), FAILED (it failed), END (its NCCL communicator is going or gone). */
 unsigned ncfsm_state_flags(ncfsm_state_t s);
-/* 1 when the event is caused by a user's call (NCFSM_EVENT source CALL), 0
- * when the loop causes it (LOOP). */
+/* 1 when the event is caused by a user's call (source CALL), 0 when the
+ * loop causes it (LOOP). */
 int ncfsm_event_is_call(ncfsm_event_t e);
-/* The table's cell: decision, the NCCL-RULES id it cites and the hint shown
- * to the user when the call is rejected. The cell's guard (a condition on
- * the comm, e.g. "no op of this comm in an open group") is in *guard when
- * guard is non-NULL (NCFSM_GUARD_ANY: none); a call whose guard does not
- * hold is rejected with the guard's hint. */
+/* The table's cell: decision, the rule id it cites (docs/nccl-rules.md) and
+ * the hint shown to the user when the call is rejected. A cell that is not
+ * REJECT may still refuse the call when one of its guards (a condition on
+ * the comm, e.g. "no op of this comm in an open group") does not hold: the
+ * call's error then names the guard and its hint. */
 ncfsm_decision_t ncfsm_legality(ncfsm_state_t s, ncfsm_call_t c, const char **rule,
                                 const char **hint);
-ncfsm_decision_t ncfsm_legality_guard(ncfsm_state_t s, ncfsm_call_t c, ncfsm_guard_t *guard);
-/* The guard's condition and its hint. */
-const char *ncfsm_guard_hint(ncfsm_guard_t g);
-/* One row of the transition table. */
-typedef struct ncfsm_transition_row {
-  ncfsm_guard_t guard;   /* the row applies when this holds (NCFSM_GUARD_ANY: always) */
-  ncfsm_state_t next;
-  ncfsm_action_t action;
-  const char *rule;      /* NCCL-RULES id */
-} ncfsm_transition_row;
-/* The rows of (s, e) in the order the engine tries them; returns how many
- * there are (0: the event is invalid in s) and copies at most max. */
-int ncfsm_transition_rows(ncfsm_state_t s, ncfsm_event_t e, ncfsm_transition_row *rows, int max);
 /* The next state of (s, e)'s last row (the one without a guard when there
- * are several), or NCFSM_STATE_COUNT when the event is invalid in s. */
+ * are several) with its action's name and rule, or NCFSM_STATE_COUNT when
+ * the event is invalid in s. */
 ncfsm_state_t ncfsm_transition(ncfsm_state_t s, ncfsm_event_t e, const char **action,
                                const char **rule);
 /* 1 when some row of (s, e) leads to next: a trace step (s, e, next) is legal. */
 int ncfsm_transition_allowed(ncfsm_state_t s, ncfsm_event_t e, ncfsm_state_t next);
+/* 1 when some row of fsm/work.def leads from s to next: a work's trace step is legal. */
+int ncfsm_work_transition_allowed(ncfsm_work_state_t s, ncfsm_work_state_t next);
 
 /* ---- trace -------------------------------------------------------------- */
 typedef enum ncfsm_object_kind { NCFSM_OBJ_COMM, NCFSM_OBJ_WORK, NCFSM_OBJ_LOOP } ncfsm_object_kind_t;
@@ -330,9 +288,9 @@ ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id
 
 /* A communicator in state NEW. */
 ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out);
-/* NEW -> INIT_IN_PROGRESS; the backend init runs at the loop's next turn. */
+/* NEW -> INIT_QUEUED; the backend init runs at the loop's next turn. */
 ncfsm_result_t ncfsm_comm_init(ncfsm_comm *comm, int nranks, int rank, const ncfsm_unique_id *id);
-/* NEW -> INIT_IN_PROGRESS as rank ncfsm_boot_rank(boot) of ncfsm_boot_size(boot):
+/* NEW -> ID_QUEUED as rank ncfsm_boot_rank(boot) of ncfsm_boot_size(boot):
  * rank 0 makes the unique id and the bootstrap shares it (nonblocking, on the
  * loop); the backend init follows. boot must have been opened on this loop's
  * event_base (ncfsm_loop_base) and stay open until the comm is READY. */

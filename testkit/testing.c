@@ -5,7 +5,7 @@
  *
  * The recorder runs as the loop's trace callback, under the loop's lock: it
  * reads the comm's name and a work's comm from the engine's structures
- * (fsm/internal.h, read only) and calls nothing of ncfsm.
+ * (fsm/objects.h, read only) and calls nothing of ncfsm.
  */
 #include <errno.h>
 #include <fnmatch.h>
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "core/sim/sim-faults.h"
-#include "fsm/internal.h"
+#include "fsm/objects.h"
 #include "ncfsm/testing.h"
 
 #define LABEL_LEN 80

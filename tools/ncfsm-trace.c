@@ -24,7 +24,7 @@
  *
  * The names of operations, dtypes, reduction ops and results come from the
  * X-macro lists of include/ncfsm/types.h and result.h, those of work and
- * communicator states from fsm/comm.def: the tool does not link libncfsm.
+ * communicator states from fsm/comm.def and fsm/work.def: the tool does not link libncfsm.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -76,8 +76,8 @@ static const named_value result_names[] = {
 #undef X
 };
 static const char *const work_state_names[] = {
-#define NCFSM_WORK_STATE(name, desc) #name,
-#include "fsm/comm.def"
+#define NCFSM_STATE(name, flags, desc) #name,
+#include "fsm/work.def"
 };
 static const char *const comm_state_names[] = {
 #define NCFSM_STATE(name, flags, desc) #name,

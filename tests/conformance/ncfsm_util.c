@@ -1,11 +1,11 @@
 /* ncfsm-mode building blocks: the same intent as raw_util.c through the
  * public API (one loop, two comms of one clique), plus the few internal
- * reads a health check needs (fsm/internal.h: the comm's backend handle). */
+ * reads a health check needs (fsm/objects.h: the comm's backend handle). */
 #include <stdio.h>
 #include <string.h>
 
 #include "conformance.h"
-#include "fsm/internal.h"
+#include "fsm/objects.h"
 
 static void ntrace(const ncfsm_trace_rec *r, void *arg) {
   nset_t *ns = arg;

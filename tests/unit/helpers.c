@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-#include "fsm/internal.h"
+#include "fsm/objects.h"
 
 void trace_record(const ncfsm_trace_rec *r, void *arg) {
   trace_log *t = arg;

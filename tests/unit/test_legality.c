@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fsm/tables.h"
 #include "helpers.h"
 
 static int32_t sbuf[16], rbuf[16];
@@ -332,9 +333,11 @@ static void test_table_shape(void **state) {
   for (int s = 0; s < NCFSM_STATE_COUNT; s++) {
     unsigned f = ncfsm_state_flags((ncfsm_state_t)s);
     if (f & (NCFSM_SF_WORKS | NCFSM_SF_DEADLINE)) {
-      if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_TIMEOUT, NCFSM_STATE_ERROR))
+      /* before it was ever ready a comm fails to INIT_FAILED, after to ERROR */
+      ncfsm_state_t failed = (f & NCFSM_SF_LIVE) && !(f & NCFSM_SF_WORKS) ? NCFSM_STATE_INIT_FAILED : NCFSM_STATE_ERROR;
+      if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_TIMEOUT, failed))
         fail_msg("%s can have works or a phase but cannot time out", ncfsm_state_name(s));
-      if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_ASYNC_ERROR, NCFSM_STATE_ERROR))
+      if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_ASYNC_ERROR, failed))
         fail_msg("%s can have works or a phase but cannot fail", ncfsm_state_name(s));
     }
     /* R2: while an NCCL call is in progress no call but abort/revoke reaches NCCL now. */
@@ -343,15 +346,9 @@ static void test_table_shape(void **state) {
         if (k != NCFSM_CALL_ABORT && k != NCFSM_CALL_REVOKE &&
             ncfsm_legality((ncfsm_state_t)s, (ncfsm_call_t)k, NULL, NULL) == NCFSM_ALLOW)
           fail_msg("R2 violated: %s allowed in %s", ncfsm_call_name(k), ncfsm_state_name(s));
-    for (int e = 0; e < NCFSM_EVENT_COUNT; e++) {
-      ncfsm_transition_row rows[4];
-      int n = ncfsm_transition_rows((ncfsm_state_t)s, (ncfsm_event_t)e, rows, 4);
-      for (int i = 0; i + 1 < n && i < 4; i++)
-        if (rows[i].guard == NCFSM_GUARD_ANY)
-          fail_msg("(%s, %s): a row after an unguarded row is unreachable", ncfsm_state_name(s),
-                   ncfsm_event_name(e));
-    }
   }
+  /* the machine's own lint (fsm/machine.c, fsm/tables.c): no defect */
+  assert_int_equal(ncfsm__comm_lint(NULL, NULL), 0);
 }
 
 int main(void) {

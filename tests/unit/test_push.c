@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fsm/internal.h"
+#include "fsm/objects.h"
 #include "helpers.h"
 
 static int32_t buf[2][64][16];
@@ -54,8 +54,8 @@ static void make_ready(ncfsm_loop *loop, ncfsm_comm **c, int n, ncfsm_sim_opts *
 
 /* Turns until the loop went over to push (its slow timer is armed). */
 static void run_until_push_armed(ncfsm_loop *loop) {
-  for (int i = 0; i < 100000 && !loop->push_armed; i++) run_turns(loop, 1);
-  assert_true(loop->push_armed);
+  for (int i = 0; i < 100000 && !(loop->timer_state == NCFSM__TS_PUSH); i++) run_turns(loop, 1);
+  assert_true((loop->timer_state == NCFSM__TS_PUSH));
 }
 
 static void test_push_completes(void **state) {
@@ -201,11 +201,11 @@ static void test_auto_pushes_after(void **state) {
   assert_non_null(n);
   uint64_t t0 = ncfsm__now_ns();
   submit(c[0], 0, 3);
-  for (int i = 0; i < 1000000 && !loop->push_armed; i++) {
+  for (int i = 0; i < 1000000 && !(loop->timer_state == NCFSM__TS_PUSH); i++) {
     run_turns(loop, 1);
-    if (ncfsm__now_ns() - t0 < 20000000ull) assert_false(loop->push_armed); /* polls before push_after_us */
+    if (ncfsm__now_ns() - t0 < 20000000ull) assert_false((loop->timer_state == NCFSM__TS_PUSH)); /* polls before push_after_us */
   }
-  assert_true(loop->push_armed);
+  assert_true((loop->timer_state == NCFSM__TS_PUSH));
   assert_true(ncfsm__now_ns() - t0 >= 20000000ull);
   assert_int_equal(atomic_load(&n->posted), 1);
   submit(c[1], 1, 3);

@@ -1,0 +1,300 @@
+/*
+ * The calls the loop makes for a comm in a CONTROL state (fsm/comm.def,
+ * column control): the unique id broadcast (ID_POST, ID_TEST), inits
+ * (INIT), finalizes (FINALIZE) and queued aborts (ABORT). Inits of one
+ * turn go in one backend group, so do aborts (R5); a blocking call never
+ * runs under the loop's lock. Every backend call happens on the thread
+ * that drives the loop (R9).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsm/engine.h"
+#include "ncfsm/bootstrap.h"
+
+#define IS_ERR(rc) NCFSM__IS_ERR(rc)
+
+static ncfsm__control_step_t step_of(const ncfsm_comm *c) { return ncfsm__comm_cols[c->state].control; }
+
+/* ---- the unique id (init_boot) -------------------------------------------------------- */
+
+/* Runs in the bootstrap's callback: only flags the loop, without its lock
+ * (a turn may hold the lock while freeing this very request). */
+static void uid_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
+  (void)req;
+  (void)status;
+  ncfsm__loop_kick_async(((ncfsm_comm *)arg)->loop);
+}
+
+/* ID_POST: the broadcast goes out on the loop thread (the bootstrap is
+ * driven by its base's thread). */
+static void post_id(ncfsm_comm *c) {
+  ncfsm_boot_req *req = NULL;
+  ncfsm_result_t br = ncfsm_boot_bcast_roots_post(c->boot, c->uid_buf, NCFSM_UNIQUE_ID_BYTES, c->nroots, &req);
+  if (br != NCFSM_OK) {
+    char what[320];
+    snprintf(what, sizeof what, "the bootstrap refused the unique id exchange: %s", ncfsm_boot_last_error(c->boot));
+    c->boot = NULL;
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS, what);
+    return;
+  }
+  c->uid_req = req;
+  ncfsm_boot_req_on_done(req, uid_done, c);
+  ncfsm__comm_fire(c, NCFSM_EV_ID_POSTED, NULL);
+}
+
+/* ID_TEST: the broadcast is done (ID_KNOWN) or failed; else look again at
+ * the next turn (its callback kicks the loop; the poll schedule covers a
+ * bootstrap that needs tests to progress). */
+static void test_id(ncfsm_comm *c) {
+  ncfsm_result_t r = ncfsm_boot_test(c->uid_req);
+  if (r == NCFSM_ERR_AGAIN) {
+    c->loop->ctl = true;
+    return;
+  }
+  ncfsm_boot_req_free(c->uid_req);
+  c->uid_req = NULL;
+  c->boot = NULL;
+  if (r != NCFSM_OK) {
+    char what[160];
+    snprintf(what, sizeof what, "unique id exchange through the bootstrap (%s)", ncfsm_err_name(r));
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, NCFSM__NCCL_SUCCESS, what);
+    return;
+  }
+  ncfsm__comm_fire(c, NCFSM_EV_ID_KNOWN, NULL); /* INIT_QUEUED: its init is issued this turn */
+}
+
+/* ---- inits ------------------------------------------------------------------------------- */
+
+static void issue_inits(ncfsm_loop *loop) {
+  /* All inits of a turn in one group, however many ranks (a blocking clique
+   * driven by one thread needs every rank's init in one group). One group
+   * holds one backend and one blocking mode; the others go next turn. */
+  int n = 0;
+  ncfsm_comm *first = NULL;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (step_of(c) == NCFSM__CS_INIT) {
+      if (!first) first = c;
+      n += c->be == first->be && c->opts.blocking == first->opts.blocking;
+    }
+  if (!n) return;
+  ncfsm_comm *stack_inits[16], **inits = n <= 16 ? stack_inits : malloc((size_t)n * sizeof *inits);
+  struct init_res { int rc; void *bcomm; } stack_rcs[16], *rcs = n <= 16 ? stack_rcs : malloc((size_t)n * sizeof *rcs);
+  if (!inits || !rcs) { /* try again next turn */
+    if (inits != stack_inits) free(inits);
+    if (rcs != stack_rcs) free(rcs);
+    loop->ctl = true;
+    return;
+  }
+  n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    if (step_of(c) != NCFSM__CS_INIT) continue;
+    if (c->be == first->be && c->opts.blocking == first->opts.blocking) inits[n++] = c;
+    else loop->ctl = true;
+  }
+  const ncfsm__backend *be = first->be;
+  bool grouped = n > 1;
+  for (int i = 0; i < n; i++) {
+    inits[i]->be_calls++;
+    inits[i]->refs++;
+    ncfsm__comm_fire(inits[i], NCFSM_EV_INIT_ISSUED, NULL);
+  }
+  /* A blocking init waits for every rank: never under the loop's lock. The
+   * comms are INIT_IN_PROGRESS meanwhile, where only abort is legal, and an
+   * abort from another thread runs on this thread, after this. */
+  bool unlock = first->opts.blocking;
+  if (unlock) pthread_mutex_unlock(&loop->mu);
+  int grc = grouped ? be->group_start() : NCFSM__NCCL_SUCCESS;
+  for (int i = 0; i < n; i++) {
+    ncfsm_comm *c = inits[i];
+    ncfsm__comm_config cfg = {c->opts.blocking, c->opts.device, &c->sim, c->name};
+    rcs[i].bcomm = NULL;
+    unsigned feat = c->be->features();
+    bool scalable = c->nroots > 1 && c->uid_buf && c->be->comm_init_scalable && (feat & NCFSM__HAS_INIT_SCALABLE);
+    rcs[i].rc = IS_ERR(grc)  ? grc
+                : scalable ? c->be->comm_init_scalable(&rcs[i].bcomm, c->nranks, (const ncfsm_unique_id *)c->uid_buf,
+                                                       c->nroots, c->rank, &cfg)
+                           : c->be->comm_init(&rcs[i].bcomm, c->nranks, &c->uid, c->rank, &cfg);
+  }
+  if (grouped && !IS_ERR(grc)) grc = be->group_end();
+  if (unlock) pthread_mutex_lock(&loop->mu);
+  for (int i = 0; i < n; i++) {
+    inits[i]->refs--; /* the user still holds each: never the last */
+    inits[i]->bcomm = rcs[i].bcomm;
+    free(inits[i]->uid_buf); /* the roots' ids (several roots): used by the init just made */
+    inits[i]->uid_buf = NULL;
+  }
+  for (int i = 0; i < n; i++) {
+    ncfsm_comm *c = inits[i];
+    int rc = IS_ERR(rcs[i].rc) ? rcs[i].rc : IS_ERR(grc) ? grc : rcs[i].rc;
+    if (IS_ERR(rc) || !c->bcomm) {
+      int code = IS_ERR(rc) ? rc : NCFSM__NCCL_INTERNAL_ERROR;
+      ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(code), code, "ncclCommInitRankConfig");
+      continue;
+    }
+    int st = NCFSM__NCCL_SUCCESS;
+    if (!c->opts.blocking) c->be->get_async_error(c->bcomm, &st);
+    if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(st), st, "init");
+    else if (st == NCFSM__NCCL_SUCCESS) ncfsm__comm_fire(c, NCFSM_EV_INIT_DONE, NULL);
+  }
+  if (inits != stack_inits) free(inits);
+  if (rcs != stack_rcs) free(rcs);
+}
+
+/* ---- finalize ------------------------------------------------------------------------------- */
+
+static void issue_finalize(ncfsm_comm *c) {
+  if (!ncfsm__comm_can_fire(c, NCFSM_EV_FINALIZE_ISSUED)) { /* guard DRAINED: queued ops launch first */
+    c->loop->ctl = true;
+    return;
+  }
+  c->be_calls++;
+  int rc = c->be->finalize(c->bcomm);
+  if (IS_ERR(rc)) {
+    ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(rc), rc, "ncclCommFinalize");
+    return;
+  }
+  ncfsm__comm_fire(c, NCFSM_EV_FINALIZE_ISSUED, NULL);
+  int st = NCFSM__NCCL_SUCCESS;
+  if (!c->opts.blocking) c->be->get_async_error(c->bcomm, &st);
+  if (IS_ERR(st)) ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, ncfsm__cause_of(st), st, "finalize");
+  else if (st == NCFSM__NCCL_SUCCESS) ncfsm__comm_fire(c, NCFSM_EV_FINALIZE_DONE, NULL);
+}
+
+/* ---- aborts ---------------------------------------------------------------------------------- */
+
+struct ncfsm__stray {
+  const ncfsm__backend *be;
+  void *bcomm;
+  void (*after)(void *arg);
+  void *arg;
+  struct ncfsm__stray *next;
+};
+typedef struct ncfsm__stray ncfsm__stray;
+
+void ncfsm__abort_stray(ncfsm_loop *loop, const ncfsm__backend *be, void *bcomm, void (*after)(void *), void *arg) {
+  ncfsm__stray *s = malloc(sizeof *s);
+  if (!s) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "out of memory: an NCCL handle no comm owns is not aborted");
+    if (after) after(arg);
+    return;
+  }
+  s->be = be;
+  s->bcomm = bcomm;
+  s->after = after;
+  s->arg = arg;
+  s->next = loop->strays;
+  loop->strays = s;
+  loop->ctl = loop->kick = true;
+}
+
+/* ncclCommAbort of n comms (their ABORT fired: CLOSING) and of the stray
+ * handles, inside one group when there are several of one backend (R5),
+ * with the loop's lock released: an abort takes hundreds of ms on GPUs, and
+ * other threads' calls must not stall. */
+static void abort_backend(ncfsm_loop *loop, ncfsm_comm **cs, int n) {
+  ncfsm__stray *stray = loop->strays;
+  loop->strays = NULL;
+  void *stack_b[16], **bc = n <= 16 ? stack_b : malloc((size_t)n * sizeof *bc);
+  const ncfsm__backend *be = NULL;
+  bool one_backend = true;
+  for (int i = 0; i < n; i++) {
+    if (be && be != cs[i]->be) one_backend = false;
+    be = cs[i]->be;
+    cs[i]->refs++;
+    if (cs[i]->bcomm) cs[i]->be_calls++;
+  }
+  for (ncfsm__stray *s = stray; s; s = s->next) {
+    if (be && be != s->be) one_backend = false;
+    be = s->be;
+  }
+  int total = n;
+  for (ncfsm__stray *s = stray; s; s = s->next) total++;
+  bool grouped = total > 1 && one_backend && bc;
+  /* Other threads see no backend comm while it is being aborted (e.g.
+   * ncfsm_sim_get_stats must not read what the backend frees). */
+  if (bc)
+    for (int i = 0; i < n; i++) {
+      bc[i] = cs[i]->bcomm;
+      cs[i]->bcomm = NULL;
+    }
+  ncfsm__loop_claim(loop);
+  pthread_mutex_unlock(&loop->mu);
+  if (grouped && IS_ERR(be->group_start())) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "ncclGroupStart failed; aborting %d communicators one by one", total);
+    grouped = false;
+  }
+  for (int i = 0; i < n; i++) {
+    void *b = bc ? bc[i] : cs[i]->bcomm;
+    if (!b) continue;
+    int rc = cs[i]->be->abort(b);
+    if (rc != NCFSM__NCCL_SUCCESS)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] ncclCommAbort returned %s", cs[i]->name, ncfsm__nccl_result_name(rc));
+  }
+  while (stray) {
+    ncfsm__stray *s = stray;
+    stray = s->next;
+    int rc = s->bcomm ? s->be->abort(s->bcomm) : NCFSM__NCCL_SUCCESS;
+    if (rc != NCFSM__NCCL_SUCCESS)
+      NCFSM_WARN(NCFSM__SUB_FSM, "ncclCommAbort of a handle no comm owns returned %s", ncfsm__nccl_result_name(rc));
+    if (s->after) s->after(s->arg); /* what the handle used, freed once NCCL let go of it */
+    free(s);
+  }
+  if (grouped) {
+    int grc = be->group_end();
+    if (grc != NCFSM__NCCL_SUCCESS)
+      NCFSM_WARN(NCFSM__SUB_FSM, "ncclGroupEnd after %d aborts returned %s", total, ncfsm__nccl_result_name(grc));
+  }
+  pthread_mutex_lock(&loop->mu);
+  ncfsm__loop_unclaim(loop);
+  if (bc != stack_b) free(bc);
+  for (int i = 0; i < n; i++) {
+    ncfsm__comm_fire(cs[i], NCFSM_EV_CLOSE_DONE, NULL);
+    ncfsm__comm_unref(cs[i]);
+  }
+}
+
+void ncfsm__abort_strays_now(ncfsm_loop *loop) {
+  if (loop->strays) abort_backend(loop, NULL, 0);
+}
+
+void ncfsm__comm_abort_now(ncfsm_comm *c) {
+  ncfsm__comm_fire(c, NCFSM_EV_ABORT, NULL);
+  abort_backend(c->loop, &c, 1);
+}
+
+static void issue_aborts(ncfsm_loop *loop) {
+  int n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) n += step_of(c) == NCFSM__CS_ABORT;
+  if (!n && !loop->strays) return;
+  ncfsm_comm *stack_cs[16], **cs = n <= 16 ? stack_cs : malloc((size_t)n * sizeof *cs);
+  if (!cs) {
+    loop->ctl = true;
+    return;
+  }
+  n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (step_of(c) == NCFSM__CS_ABORT) {
+      ncfsm__comm_fire(c, NCFSM_EV_ABORT_ISSUED, NULL);
+      cs[n++] = c;
+    }
+  abort_backend(loop, cs, n);
+  if (cs != stack_cs) free(cs);
+}
+
+/* ---- the steps --------------------------------------------------------------------------------- */
+
+void ncfsm__control(ncfsm_loop *loop, bool after_launch) {
+  if (after_launch) {
+    for (ncfsm_comm *c = loop->comms; c; c = c->next)
+      if (step_of(c) == NCFSM__CS_FINALIZE) issue_finalize(c);
+    return;
+  }
+  issue_aborts(loop);
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    if (step_of(c) == NCFSM__CS_ID_POST) post_id(c);
+    if (step_of(c) == NCFSM__CS_ID_TEST) test_id(c);
+  }
+  issue_inits(loop);
+}

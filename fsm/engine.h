@@ -1,0 +1,104 @@
+/*
+ * Layer 2 of the engine: the comm machine bound to its guards and actions
+ * (comm_fsm.c, comm_actions.c; how a comm fails: ncfsm__comm_fail), the group
+ * machine (group.c), launches (launcher.c), the calls the loop makes for a
+ * comm in a CONTROL state (control.c), polls (progress.c), the watchdog
+ * (watchdog.c) and the hand-off of split/shrink/grow children (children.c).
+ * Every function here runs with loop->mu held unless its comment says
+ * otherwise; none calls the loop glue, the public API, verification or
+ * recovery but through the hooks of fsm/objects.h.
+ */
+#ifndef NCFSM_FSM_ENGINE_H
+#define NCFSM_FSM_ENGINE_H
+
+#include "fsm/objects.h"
+
+/* The payload of a comm event (fsm/comm.def says which event uses what). */
+typedef struct ncfsm__cev {
+  ncfsm_result_t cause; /* ASYNC_ERROR, TIMEOUT, CLOSE_FAILED: the failure's cause */
+  int code;             /* ... the backend's code (NCFSM__NCCL_SUCCESS when none) */
+  const char *what;     /* ... what failed */
+  unsigned from;        /* ... and POLICY: the state the comm failed from */
+  ncfsm_work *work;     /* MISMATCH: the collective whose fingerprints differ */
+  /* INIT, INIT_BOOT: the comm's place and its unique id (or where it comes from) */
+  int rank, nranks;
+  const ncfsm_unique_id *id;
+  struct ncfsm_boot *boot;
+  char *uid_buf;
+  int nroots;
+  ncfsm_result_t result; /* out: what the call that fired the event returns (REVOKE) */
+} ncfsm__cev;
+
+/* ---- comm_fsm.c ---- */
+/* Fire ev on c. A (state, ev) with no row whose guard holds is an engine
+ * defect: an assertion in debug builds; in release builds the event
+ * INVALID (the comm fails, with a message). */
+void ncfsm__comm_fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm__cev *p);
+bool ncfsm__comm_can_fire(const ncfsm_comm *c, ncfsm_event_t ev);
+/* Legality of call on c now, guards included; on REJECT sets the comm's
+ * last error (state, call, rule, guard, what to do), counts the refusal,
+ * notes it in the caller's open group (R3) and sets *why. */
+ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why);
+bool ncfsm__comm_guard(const ncfsm_comm *c, ncfsm__comm_guard_t g, const ncfsm__cev *p);
+
+/* ---- comm_fsm.c: failing ---- */
+/* c failed (ev ASYNC_ERROR or TIMEOUT, with its cause, the backend's code
+ * and what failed): the table decides (fail_pending and the error policy,
+ * or only the message when c is not in service). */
+void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int code, const char *what);
+
+/* ---- group.c: the loop's group machine (fsm/group.def) ---- */
+/* ncfsm_group_start / ncfsm_group_end on loop: the result to return. */
+ncfsm_result_t ncfsm__group_start(ncfsm_loop *loop);
+ncfsm_result_t ncfsm__group_end(ncfsm_loop *loop);
+/* A call of c that failed with r: inside the caller's open group, the
+ * group fails and its outermost end returns r (R3). */
+void ncfsm__group_note_error(ncfsm_comm *c, ncfsm_result_t r);
+bool ncfsm__group_owned(const ncfsm_loop *loop); /* the caller opened the loop's open group */
+bool ncfsm__group_open(const ncfsm_loop *loop);
+
+/* ---- launcher.c ---- */
+/* Launch what can go now, with the control steps of fsm/comm.def before
+ * and after (aborts, unique ids, inits; finalizes); true when something
+ * was launched. May drop and retake the lock (aborts). */
+bool ncfsm__launch(ncfsm_loop *loop);
+/* action record_events: c's launch is final: completion events (R2). */
+void ncfsm__launch_final(ncfsm_comm *c);
+
+/* ---- control.c ---- */
+/* The control steps of comms in CONTROL states: before launches (aborts,
+ * unique ids, inits) or after (finalizes). */
+void ncfsm__control(ncfsm_loop *loop, bool after_launch);
+/* Abort c now (its state allows ABORT): drops and retakes the lock around
+ * ncclCommAbort. The caller owns the loop (runner). */
+void ncfsm__comm_abort_now(ncfsm_comm *c);
+/* An NCCL handle no comm owns (a child aborted before its parent's call
+ * wrote it, a verifier's companion): aborted with the next control step's
+ * aborts, without the lock; after(arg), when not NULL, runs once the abort
+ * returned (it frees what the handle used). */
+void ncfsm__abort_stray(ncfsm_loop *loop, const ncfsm__backend *be, void *bcomm, void (*after)(void *), void *arg);
+/* ncfsm_loop_close: the strays left are aborted now (drops the lock). */
+void ncfsm__abort_strays_now(ncfsm_loop *loop);
+
+/* ---- progress.c ---- */
+/* Polls, events, verification and the watchdog of every comm; true on
+ * progress (a state change, a completion). The caller arms the next poll. */
+bool ncfsm__progress(ncfsm_loop *loop);
+/* Something the progress timer must watch: a comm in progress, a control
+ * step, a launch not final, works in flight, exchanges. */
+bool ncfsm__poll_pending(ncfsm_loop *loop);
+
+/* ---- watchdog.c ---- */
+void ncfsm__watchdog(ncfsm_comm *c, uint64_t now);
+
+/* ---- children.c ---- */
+/* actions hand_children, hand_children_end: the child gets its handle. */
+void ncfsm__children_hand(ncfsm_comm *parent);
+/* The parent failed or was aborted before its call was final: the child
+ * fails with the reason. */
+void ncfsm__children_orphan(ncfsm_comm *parent, const char *why);
+/* action become_ready of a split child: its rank and size from NCCL (false:
+ * the child failed). */
+bool ncfsm__child_geometry(ncfsm_comm *c);
+
+#endif

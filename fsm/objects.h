@@ -1,0 +1,397 @@
+/*
+ * Layer 1 of the engine (docs/design.md "Layers"): the loop, communicator,
+ * batch and work objects, and what every layer above does with them without
+ * deciding anything: works and their machine (works.c), launch queues and
+ * failing a comm's works (queue.c), completion marks (marks.c), errors
+ * (errors.c), R12 ranges (ranges.c), recorder dumps (dumps.c), wakeups and
+ * loop ownership (sched.c). Every function here runs with loop->mu held
+ * unless its comment says otherwise.
+ *
+ * Layers above plug into these objects through named hooks (struct
+ * ncfsm__verify_ops, ncfsm__recovery_ops, ncfsm__loop_ops): a lower layer
+ * never calls a function of a higher one by name (tests/layers checks it).
+ */
+#ifndef NCFSM_FSM_OBJECTS_H
+#define NCFSM_FSM_OBJECTS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/backend.h"
+#include "core/log.h"
+#include "fsm/recorder.h"
+#include "fsm/tables.h"
+#include "ncfsm.h"
+
+#define NCFSM__LOOP_MAGIC 0x4c4f4f50u /* 'LOOP' */
+#define NCFSM__COMM_MAGIC 0x434f4d4du /* 'COMM' */
+#define NCFSM__WORK_MAGIC 0x574f524bu /* 'WORK' */
+#define NCFSM__DEAD_MAGIC 0xdeaddeadu
+
+/* Freed works wait in a FIFO this long before their memory is reused, so a
+ * stale handle (a second release) is still recognised as dead. */
+#define NCFSM__WORK_QUARANTINE 64
+
+typedef struct ncfsm__mark ncfsm__mark;
+typedef struct ncfsm__batch ncfsm__batch;
+typedef struct ncfsm__blink ncfsm__blink;
+typedef struct ncfsm__spanset ncfsm__spanset;
+struct ncfsm__verifier;
+struct ncfsm__recovery;
+struct ncfsm_boot;
+struct ncfsm_boot_req;
+
+/* A completion event shared by the works of one launch on one stream. */
+struct ncfsm__mark {
+  void *event;
+  int refs;
+  int ready_at_final; /* timing: queried once right after the launch became final */
+  ncfsm__mark *next_free;
+};
+
+/* A batch's place in one comm's launch queue. */
+struct ncfsm__blink {
+  ncfsm__batch *b;
+  ncfsm_comm *c;
+  ncfsm__blink *next;
+};
+
+/* A unit of launch: one ungrouped op, or all ops of one user group (which
+ * may span communicators). A batch sits in the launch queue of each comm it
+ * touches and launches when it heads all of them (per-comm FIFO order). It
+ * is never split; batches over the same set of comms may share one backend
+ * group (coalescing), batches over different comms never do (R13). */
+struct ncfsm__batch {
+  ncfsm_work *head, *tail; /* linked through ncfsm_work.bnext */
+  int nworks;
+  bool explicit_group;     /* allocated by ncfsm_group_end; else embedded in its work */
+  uint64_t order;          /* submission order across the loop's comms */
+  int nlinks;              /* entries of links */
+  int nlive;               /* links still queued (c != NULL) */
+  ncfsm__blink *links;     /* one per comm; &single_link for an ungrouped op */
+};
+
+/* A buffer range an op touches on its rank (R12 checks). */
+typedef struct ncfsm__span {
+  uintptr_t lo, hi;
+  bool write;
+} ncfsm__span;
+
+struct ncfsm_work {
+  uint32_t magic;
+  unsigned state;   /* ncfsm_work_state_t: fsm/work.def */
+  int refs;         /* the user's (user_refs) + the engine's until the callback ran */
+  int user_refs;    /* 1 while the caller holds the handle it asked for, 0 after its release */
+  ncfsm_comm *comm;
+  ncfsm__op op;
+  ncfsm_fingerprint_t fp;
+  ncfsm__span span[2]; /* computed at submit */
+  int nspan;
+  ncfsm_result_t status;
+  ncfsm_work_cb cb;
+  void *arg;
+  ncfsm__batch *batch;      /* while in a launch queue */
+  ncfsm__batch single;      /* storage for the batch of an ungrouped op */
+  ncfsm__blink single_link;
+  ncfsm__mark *mark;        /* completion event, once IN_FLIGHT */
+  ncfsm__mark *start_mark;  /* timing: event recorded just before the launch */
+  float device_ms;
+  uint64_t timeout_ms;      /* ncfsm_work_set_timeout; 0: the comm's */
+  ncfsm__rec_ref rec;       /* its flight recorder entry */
+  uint64_t group;           /* launch id (0: not launched) */
+  uint64_t t_submit, t_launch, t_final, t_complete, deadline_ns;
+  void *vreq;               /* the verification's exchange of this work (strict), NULL when none */
+  ncfsm_work *bnext;        /* batch / group list */
+  ncfsm_work *next;         /* launching list, stream queue, notify list, free list */
+};
+
+typedef struct ncfsm__squeue {
+  void *stream;
+  ncfsm_work *head, *tail;
+  /* push completion: works appended so far, and that count when the last
+   * host function was put on the stream (it follows all of them) */
+  uint64_t appended, notified;
+} ncfsm__squeue;
+
+/* Verification (layer 5: fsm/verify*.c) plugs into a comm's launch path. */
+typedef struct ncfsm__verify_ops {
+  /* w, a collective of c, joined c's launch queue (fires VERIFY on w to hold it) */
+  void (*queued)(ncfsm_comm *c, ncfsm_work *w);
+  /* w, a collective of c, took its seq at a launch */
+  void (*launched)(ncfsm_comm *c, ncfsm_work *w);
+  /* w leaves the engine (final) while its exchange runs */
+  void (*forget)(ncfsm_comm *c, ncfsm_work *w);
+  /* exchanges of c need a turn; poll one turn's worth (true: progress) */
+  bool (*busy)(const ncfsm_comm *c);
+  bool (*poll)(ncfsm_comm *c, uint64_t now);
+  /* c is freed */
+  void (*free)(ncfsm_comm *c);
+} ncfsm__verify_ops;
+
+/* Recovery (layer 5: fsm/recover.c) plugs into a comm's error policy. */
+typedef struct ncfsm__recovery_ops {
+  bool (*armed)(const ncfsm_comm *c);            /* guard POLICY_RECOVER */
+  void (*start)(ncfsm_comm *c, const char *why); /* action start_recovery */
+  void (*stepped)(ncfsm_comm *c);                /* c changed state (the recovery may wait for it) */
+  void (*detach)(ncfsm_comm *c);                 /* c is freed */
+} ncfsm__recovery_ops;
+
+struct ncfsm_comm {
+  uint32_t magic;
+  unsigned state;   /* ncfsm_state_t: fsm/comm.def */
+  ncfsm_loop *loop;
+  ncfsm_comm *next; /* loop's list */
+  int refs;         /* 1 for the user handle (until RELEASED) + 1 per live work + engine holds */
+  ncfsm_comm_opts opts;
+  ncfsm_sim_opts sim;
+  char name[64];
+  char dump_dir[256];
+  ncfsm__recorder *rec;  /* flight recorder (NULL: off) */
+  uint64_t comm_id;      /* XXH3_64 of the unique id: the same on every rank */
+  const ncfsm__backend *be;
+  void *bcomm;
+  int rank, nranks;      /* nranks 0: a split child's, until its INIT_DONE */
+  ncfsm_unique_id uid;
+  struct ncfsm_boot *boot;          /* ncfsm_comm_init_boot: the unique id comes through it */
+  struct ncfsm_boot_req *uid_req;   /* ID_EXCHANGE: the broadcast in flight */
+  char *uid_buf;                    /* nroots * NCFSM_UNIQUE_ID_BYTES: the roots' ids, broadcast */
+  int nroots;                       /* ncfsm_comm_init_boot: roots of the unique ids (1: rank 0) */
+  const ncfsm__verify_ops *vops;    /* verification of this comm (NULL: off) */
+  struct ncfsm__verifier *ver;
+  const ncfsm__recovery_ops *rops;  /* recovery of this comm (NULL: not armed) */
+  struct ncfsm__recovery *recovery;
+  int async_code;     /* backend code of the failure that ended its healthy life */
+  ncfsm_result_t cause;
+  int ngroup;         /* works of this comm in the loop's open group (guards GROUP_OPS...) */
+  ncfsm__blink *bq_head, *bq_tail; /* launch queue */
+  ncfsm_work *launching, *launching_tail; /* handed to NCCL, launch not final yet */
+  ncfsm__squeue *sq;  /* in-flight works per stream */
+  int nsq, capsq;
+  ncfsm__mark *free_marks;
+  void *stream;       /* the comm's own stream (NULL stream argument) */
+  uint64_t coll_seq;       /* the next collective's seq (taken at launch, R11) */
+  uint64_t *p2p_send_seq;  /* per peer: the next SEND to it */
+  uint64_t *p2p_recv_seq;  /* per peer: the next RECV from it */
+  uint64_t hash;
+  uint64_t phase_deadline;
+  uint64_t async_watch_ns; /* last async-state poll while works were in flight */
+  bool work_deadlines;     /* some work has its own deadline: the watchdog scans every work in flight */
+  uint64_t be_calls;       /* backend calls made for this comm (not polls/events): tests */
+  char last_error[512];
+  char failure[512];       /* the message of the failure that ended its healthy life */
+  /* split, shrink, grow (fsm/children.c) */
+  ncfsm_comm *split_child;  /* parent: the child its issued call makes (held: refs) */
+  ncfsm_comm *split_parent; /* child: the parent whose call writes its handle */
+  void *split_bcomm;        /* child: where the backend writes its handle (R8) */
+  uint64_t nsplits;         /* parent: calls issued (child comm ids derive from it) */
+  ncfsm_unique_id grow_id;  /* ncfsm_comm_grow_id made this id here (all zero: none) */
+  uint64_t state_since_ns;  /* when it entered its current state */
+  uint64_t works_final[NCFSM_WORK_STATE_COUNT]; /* its works that reached each final state */
+  uint64_t created_ns;
+};
+
+/* Counters for introspection (fsm/introspect.c), kept under the loop lock.
+ * Latency: submit to a final state, per op kind, in buckets of powers of two
+ * microseconds: bucket i counts latencies <= 2^i us (the last one: the rest). */
+#define NCFSM__LAT_BUCKETS 28
+typedef struct ncfsm__stats {
+  uint64_t trans[NCFSM_STATE_COUNT][NCFSM_STATE_COUNT];   /* transitions per (from, to) */
+  uint64_t reject[NCFSM_STATE_COUNT][NCFSM_CALL_COUNT];   /* calls refused per (state, call) */
+  uint64_t lat_bucket[NCFSM_OPKIND_COUNT][NCFSM__LAT_BUCKETS];
+  uint64_t lat_count[NCFSM_OPKIND_COUNT];
+  uint64_t lat_sum_ns[NCFSM_OPKIND_COUNT];
+  uint64_t works_final[NCFSM_WORK_STATE_COUNT];           /* works that reached each final state */
+} ncfsm__stats;
+
+/* Push completion (ncfsm_loop_opts.completion PUSH): what a stream's host
+ * function reaches, on a thread of the runtime. It outlives the loop while
+ * host functions are pending (the loop's close detaches it first). */
+typedef struct ncfsm__notifier {
+  pthread_mutex_t mu;
+  int refs;                /* the loop's, and one per pending host function */
+  ncfsm_loop *loop;        /* NULL once the loop closed */
+  _Atomic uint64_t posted; /* host functions enqueued */
+  _Atomic uint64_t wakes;  /* ... that woke the loop */
+} ncfsm__notifier;
+
+typedef struct ncfsm__call_req {
+  void (*fn)(void *);
+  void *arg;
+  struct ncfsm__call_req *next;
+} ncfsm__call_req;
+
+/* The loop glue (layer 3: fsm/loop.c) plugs its libevent calls in here. */
+typedef struct ncfsm__loop_ops {
+  void (*wake)(ncfsm_loop *loop); /* event_active on the wake event: any thread */
+} ncfsm__loop_ops;
+
+/* Recovery's loop-wide hooks (layer 5), set when the first comm is armed. */
+typedef struct ncfsm__loop_hooks {
+  void (*cancel)(ncfsm_loop *loop);   /* ncfsm_loop_close, before anything else; without the lock */
+  void (*free_all)(ncfsm_loop *loop); /* ncfsm_loop_close, at the end; with the lock */
+} ncfsm__loop_hooks;
+
+struct ncfsm_loop {
+  uint32_t magic;
+  uint64_t id;           /* unique in the process: the per-thread last error names it */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  const ncfsm__loop_ops *ops;
+  struct event_base *base;
+  bool own_base;
+  struct event *ev_wake; /* cross-thread wakeup, launches, notifications */
+  struct event *ev_poll; /* progress timer */
+  unsigned timer_state;   /* ncfsm__timer_state_t: fsm/timer.def */
+  bool kick;             /* something needs a turn (launch, init, abort, finalize) */
+  unsigned poll_iter;
+  unsigned backoff;        /* timed polls since the burst ended */
+  uint64_t burst_start_ns; /* last progress: the immediate-poll burst runs from here */
+  ncfsm_loop_opts opts;
+  pthread_t runner;      /* thread inside the loop (valid when running) */
+  int running;
+  int claimed;           /* ncfsm__loop_claim: a blocking backend call outside a turn */
+  pthread_t thread;      /* ncfsm_loop_start_thread */
+  bool thread_started, thread_stop;
+  ncfsm_comm *comms;
+  int ncomms;
+  ncfsm__stats stats;    /* introspection counters */
+  struct ncfsm__recovery *recoveries; /* fsm/recover.c */
+  ncfsm__loop_hooks hooks;
+  ncfsm__notifier *notifier;          /* push completion (NULL: poll) */
+  int nqueued;           /* batches in launch queues (all comms) */
+  uint64_t batch_order;  /* the last batch's order */
+  uint64_t launch_id;    /* the last launch's id (flight recorder "group") */
+  struct event *ev_signal; /* SIGUSR1: dump (opts.dump_on_signal) */
+  bool ctl;              /* control work may be due: a comm entered a CONTROL state */
+  _Atomic int async_kick; /* set without the lock (bootstrap callbacks): the next turn looks at ctl */
+  /* group (R3; fsm/group.def) */
+  unsigned group_state;  /* ncfsm__group_state_t */
+  int group_depth;
+  pthread_t group_owner;
+  ncfsm_result_t group_err;
+  ncfsm_work *group_head, *group_tail;
+  /* callbacks to deliver on the loop thread */
+  ncfsm_work *notify_head, *notify_tail;
+  struct ncfsm__state_note *snote_head, *snote_tail;
+  ncfsm__call_req *calls_head, *calls_tail;
+  ncfsm_trace_fn trace;
+  void *trace_arg;
+  ncfsm_work *free_head, *free_tail; /* FIFO; reused once longer than the quarantine */
+  int nfree;
+  ncfsm__spanset *spans; /* the launcher's R12 check */
+  struct ncfsm__stray *strays; /* NCCL handles no comm owns, aborted at the next control step (fsm/control.c) */
+};
+
+struct ncfsm__state_note {
+  ncfsm_comm *comm;
+  ncfsm_state_t from, to;
+  ncfsm_event_t ev;
+  struct ncfsm__state_note *next;
+};
+
+/* now + ms as a deadline in ns; 0 (none) when ms is 0 or would overflow. */
+static inline uint64_t ncfsm__deadline(uint64_t now_ns, uint64_t ms) {
+  if (!ms || ms > (UINT64_MAX - now_ns) / 1000000ull) return 0;
+  return now_ns + ms * 1000000ull;
+}
+
+/* The table's state flags, read inline on the hot paths. */
+static inline unsigned ncfsm__sflags(unsigned s) { return ncfsm__state_flag_tab[s]; }
+static inline bool ncfsm__has(const ncfsm_comm *c, unsigned flag) { return (ncfsm__sflags(c->state) & flag) != 0; }
+
+#define NCFSM__IS_ERR(rc) ((rc) != NCFSM__NCCL_SUCCESS && (rc) != NCFSM__NCCL_IN_PROGRESS)
+
+/* For tests: backend calls (init, op, finalize, destroy, abort, revoke) made for c. */
+uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c);
+
+/* ---- errors.c ---- */
+void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The calling thread's last error for loop-level calls on loop. */
+void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *ncfsm__loop_error_of(const ncfsm_loop *loop); /* "" when this thread has none for loop */
+/* The cause for a backend code, the same whichever call saw it. */
+ncfsm_result_t ncfsm__cause_of(int code);
+
+/* ---- works.c: the work machine (fsm/work.def) and references ---- */
+typedef struct ncfsm__wev {
+  ncfsm_result_t status; /* FAIL, TIME_OUT, ABORT: the work's final status */
+  uint64_t launch;       /* LAUNCH: the launch's id */
+  uint64_t now;          /* LAUNCH, LAUNCH_FINAL: the time */
+} ncfsm__wev;
+/* Fire ev on w; an event with no row is an engine defect (assert; in
+ * release builds the work keeps its state and the defect is logged). */
+void ncfsm__work_fire(ncfsm_work *w, ncfsm__work_event_t ev, const ncfsm__wev *p);
+/* w ends with status: as FAILED, TIMED_OUT or ABORTED (st), through FAIL,
+ * TIME_OUT or ABORT. Nothing for a final work. */
+void ncfsm__work_end(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status);
+ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop);
+void ncfsm__work_unref(ncfsm_work *w);
+void ncfsm__comm_unref(ncfsm_comm *c);
+void ncfsm__comm_free_all(ncfsm_loop *loop); /* loop close: the quarantine */
+/* The recorder entry of w after a change of w. */
+void ncfsm__rec_work(ncfsm_work *w);
+
+/* ---- marks.c ---- */
+ncfsm__mark *ncfsm__mark_get(ncfsm_comm *c);
+void ncfsm__mark_put(ncfsm_comm *c, ncfsm__mark *m);
+
+/* ---- queue.c: launch queues, and failing a comm's works ---- */
+/* Queue batch b (its works and links filled) in each of its comms' queues. */
+void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b);
+/* Pop b, the head of each of its comms' queues, onto the list head..tail. */
+void ncfsm__batch_take(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work **head, ncfsm_work **tail);
+/* Fail every work of batch b (all its comms) with (st, status) and drop it. */
+void ncfsm__batch_fail(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work_state_t st, ncfsm_result_t status);
+/* Fail every unfinished work of c with (st, status): open group, queued,
+ * launching and in flight. */
+void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
+/* Fail c's works in the open group and its launch queue. */
+void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
+/* Does an unfinished work of this loop name stream? */
+bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream);
+bool ncfsm__comm_inflight(const ncfsm_comm *c); /* works on c's streams */
+bool ncfsm__comm_idle(const ncfsm_comm *c);     /* nothing unfinished, nothing grouped */
+/* Observe c's completion events in stream order: works before the first
+ * incomplete event complete. Returns 1 on progress, 0 on none, -1 when an
+ * event query failed (the caller fails the comm). */
+int ncfsm__drain(ncfsm_comm *c);
+
+/* ---- ranges.c ---- */
+ncfsm__spanset *ncfsm__spanset_new(unsigned max_ops);
+void ncfsm__spanset_free(ncfsm__spanset *ss);
+void ncfsm__spanset_reset(ncfsm__spanset *ss);
+/* Would batch b overlap (R12) what this launch already took? If not, its
+ * ranges are taken. */
+bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b);
+void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
+/* R12: the first pair of works in list (linked through bnext) on one comm
+ * whose buffers overlap where one writes; false when none. */
+bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
+
+/* ---- dumps.c ---- */
+/* Snapshot c's recorder and queue a dump into dir (NULL: c's dump_dir;
+ * nothing without one) for reason. */
+ncfsm_result_t ncfsm__comm_dump(ncfsm_comm *c, const char *dir, const char *reason);
+
+/* ---- sched.c: wakeups and who drives the loop ---- */
+bool ncfsm__loop_can_drive(ncfsm_loop *loop); /* caller may make backend calls now */
+bool ncfsm__loop_in_turn(const ncfsm_loop *loop); /* this thread is inside a turn or callback of loop */
+void ncfsm__loop_enter_turn(ncfsm_loop *loop, ncfsm_loop **outer); /* marks this thread inside a turn */
+void ncfsm__loop_leave_turn(ncfsm_loop *loop, ncfsm_loop *outer);
+void ncfsm__loop_set_runner(ncfsm_loop *loop);
+void ncfsm__loop_clear_runner(ncfsm_loop *loop);
+/* Own the loop for a blocking backend call made outside a turn (destroy,
+ * abort); another thread's ncfsm_loop_run waits meanwhile. */
+void ncfsm__loop_claim(ncfsm_loop *loop);
+void ncfsm__loop_unclaim(ncfsm_loop *loop);
+/* Something needs a turn: wake the thread that runs the loop. */
+void ncfsm__loop_wake(ncfsm_loop *loop);
+/* Without the lock, from any thread: the next turn looks for control work. */
+void ncfsm__loop_kick_async(ncfsm_loop *loop);
+/* fn(arg) runs on the loop's thread, without the lock, at the end of the
+ * current or next turn (with the callbacks). */
+ncfsm_result_t ncfsm__loop_defer(ncfsm_loop *loop, void (*fn)(void *), void *arg);
+
+#endif

@@ -1,0 +1,79 @@
+/*
+ * Layer 5: cross-rank verification of the collective order (R11;
+ * docs/ordering.md "Verification"). fsm/verify.def is the verifier's
+ * machine; fsm/verify.c binds it and plugs into the comm's launch path
+ * (struct ncfsm__verify_ops); fsm/verify_async.c (rolling hashes per
+ * window), fsm/verify_strict.c (every collective's fingerprint before it
+ * launches) and fsm/verify_companion.c (strict's channel nccl) are its
+ * protocols. Nothing below this layer names a function of it.
+ */
+#ifndef NCFSM_FSM_VERIFY_H
+#define NCFSM_FSM_VERIFY_H
+
+#include "fsm/api-int.h"
+
+struct ncfsm__vreq;
+struct ncfsm__sreq;
+struct ncfsm__comp;
+
+struct ncfsm__verifier {
+  unsigned state; /* fsm/verify.def */
+  ncfsm_comm *c;
+  struct ncfsm_boot *boot; /* the channel: the comm's bootstrap */
+  /* async: exchanges posted, oldest first */
+  struct ncfsm__vreq *vq_head, *vq_tail;
+  /* strict: exchanges to post (queue order), exchanges posted (oldest first) */
+  struct ncfsm__sreq *sp_head, *sp_tail, *sf_head, *sf_tail;
+  uint64_t sround;           /* strict: exchanges posted so far (the same count on every rank) */
+  struct ncfsm__comp *comp;  /* strict over channel nccl: the companion communicator */
+};
+
+/* The payload of a verifier event: how the comm fails (fail_comm). */
+typedef struct ncfsm__vev {
+  ncfsm_event_t comm_ev; /* ASYNC_ERROR, or TIMEOUT for a stall */
+  ncfsm_result_t cause;
+  const char *what;
+} ncfsm__vev;
+
+/* ncfsm_comm_init_boot with opts.verify on: c verifies over boot. */
+ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot);
+/* Fire ev on v (what: the report of DIVERGED, STALLED, CHANNEL_FAILED). */
+void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
+                        ncfsm_result_t cause, const char *what);
+
+/* ---- verify_async.c ---- */
+void ncfsm__vasync_launched(struct ncfsm__verifier *v);
+bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now);
+void ncfsm__vasync_free(struct ncfsm__verifier *v);
+
+/* ---- verify_strict.c ---- */
+void ncfsm__vstrict_queued(struct ncfsm__verifier *v, ncfsm_work *w);
+void ncfsm__vstrict_forget(ncfsm_work *w);
+bool ncfsm__vstrict_poll(struct ncfsm__verifier *v, uint64_t now); /* over the bootstrap */
+void ncfsm__vstrict_free(struct ncfsm__verifier *v);
+/* The exchange at the head of the queue to post (NULL: none), popped with
+ * its round number taken; and the end of an exchange: every rank's
+ * fingerprints are in: the work may launch, or MISMATCH fires. */
+struct ncfsm__sreq *ncfsm__vstrict_take(struct ncfsm__verifier *v);
+void ncfsm__vstrict_settle(struct ncfsm__verifier *v, struct ncfsm__sreq *q);
+/* The buffers of an exchange: this rank's fingerprint, every rank's. */
+size_t ncfsm__vstrict_msg_size(void);
+void *ncfsm__vstrict_mine(struct ncfsm__sreq *q, size_t *len);
+void *ncfsm__vstrict_all(struct ncfsm__sreq *q);
+void ncfsm__vstrict_stall_text(struct ncfsm__verifier *v, const struct ncfsm__sreq *q, const char *channel, char *buf,
+                               size_t len);
+void ncfsm__sreq_free(struct ncfsm__sreq *q);
+bool ncfsm__vstrict_pending(const struct ncfsm__verifier *v); /* exchanges to post or posted */
+bool ncfsm__vstrict_may_post(const ncfsm_comm *c);           /* companion: nothing verified waits to launch */
+
+/* ---- verify_companion.c ---- */
+ncfsm_result_t ncfsm__vcomp_new(struct ncfsm__verifier *v);
+void ncfsm__vcomp_share_id(struct ncfsm__verifier *v); /* action share_id */
+void ncfsm__vcomp_join(struct ncfsm__verifier *v);     /* action join */
+void ncfsm__vcomp_post(struct ncfsm__verifier *v);    /* action post */
+void ncfsm__vcomp_record(struct ncfsm__verifier *v);  /* action record */
+void ncfsm__vcomp_collect(struct ncfsm__verifier *v); /* action collect */
+bool ncfsm__vcomp_poll(struct ncfsm__verifier *v, uint64_t now);
+void ncfsm__vcomp_free(struct ncfsm__verifier *v);     /* the companion is aborted with the loop's next aborts */
+
+#endif
