@@ -242,6 +242,7 @@ static void do_revoke(void *arg) {
   struct comm_call *q = arg;
   ncfsm_comm *c = q->c;
   if (ncfsm__check_legal(c, NCFSM_CALL_REVOKE, &q->r) == NCFSM_REJECT) return;
+  ncfsm__drain(c); /* R6: what completed before the revoke keeps its result */
   ncfsm__cev p = {.from = c->state, .result = NCFSM_OK};
   ncfsm__comm_fire(c, NCFSM_EV_REVOKE, &p); /* action revoke: ncclCommRevoke (R6) */
   q->r = p.result;

@@ -38,7 +38,10 @@ ncfsm_result_t ncfsm__wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *a
       NCFSM__UNLOCK(loop);
       if (!pending) return NCFSM_ERR_ILLEGAL_STATE;
       ncfsm_result_t rr = ncfsm_loop_run(loop, NCFSM_RUN_ONCE);
-      if (rr != NCFSM_OK) return rr; /* e.g. waiting inside one of the loop's callbacks */
+      /* another thread started running the loop meanwhile: wait for it to
+       * make the progress (returning would leave a request of the caller's
+       * stack queued: ncfsm__on_loop) */
+      if (rr != NCFSM_OK && rr != NCFSM_ERR_WRONG_THREAD) return rr;
       NCFSM__LOCK(loop);
     } else {
       struct timespec ts;
@@ -62,14 +65,17 @@ struct on_loop_req {
   bool done;
 };
 
+/* q lives on the waiting caller's stack: once done is set (and the lock
+ * dropped) the caller may return, so nothing of q is read after that. */
 static void on_loop_tramp(void *arg) {
   struct on_loop_req *q = arg;
-  NCFSM__LOCK(q->loop);
+  ncfsm_loop *loop = q->loop;
+  NCFSM__LOCK(loop);
   q->fn(q->arg);
   q->done = true;
-  ncfsm__loop_flush_notes(q->loop);
-  pthread_cond_broadcast(&q->loop->cv);
-  NCFSM__UNLOCK(q->loop);
+  ncfsm__loop_flush_notes(loop);
+  pthread_cond_broadcast(&loop->cv);
+  NCFSM__UNLOCK(loop);
 }
 
 static bool on_loop_done(void *arg) { return ((struct on_loop_req *)arg)->done; }

@@ -57,11 +57,11 @@ ACT(record_events) {
   if (ncfsm__has(c, NCFSM_SF_CONTROL)) c->loop->ctl = true; /* finalize may be due */
 }
 
-/* R6: what completed before the revoke keeps its result; what did not is
- * stopped by it, and its event completing later proves nothing. */
+/* R6: what completed before the revoke keeps its result (the call observed
+ * the completions before this step); what did not is stopped by it, and its
+ * event completing later proves nothing. */
 ACT(revoke) {
   COMM;
-  ncfsm__drain(c);
   c->be_calls++;
   int rc = c->be->revoke(c->bcomm, 0);
   if (NCFSM__IS_ERR(rc)) {
@@ -85,17 +85,13 @@ static void failure_text(const ncfsm_comm *c, const ncfsm__cev *p, char *msg, si
            txt && *txt ? ": " : "", txt && *txt ? txt : "");
 }
 
-/* R10: the comm's outputs are untrusted. What completed before the failure
- * keeps its result: the completion events are observed once more before
- * every unfinished work fails (found with push completion: a rank lost
- * right after a collective completed everywhere failed it on a survivor
- * whose event had not been polled yet, and that survivor redid the step).
- * Every error dumps the recorder before the policy acts. */
+/* R10: the comm's outputs are untrusted: every unfinished work fails (what
+ * completed was observed before this step: ncfsm__comm_fail). Every error
+ * dumps the recorder before the policy acts. */
 ACT(fail_pending) {
   COMM;
   char msg[512];
   failure_text(c, p, msg, sizeof msg);
-  ncfsm__drain(c); /* an event that fails to answer is not complete: it fails below */
   c->async_code = p->code;
   c->cause = p->cause;
   ncfsm__set_error(c, "%s; outputs of unfinished works are untrusted; abort the communicator (R10)", msg);
@@ -170,6 +166,30 @@ ACT(take_handle) {
 ACT(fail_mismatched) {
   COMM;
   if (p->work && p->work->batch) ncfsm__batch_fail(c->loop, p->work->batch, NCFSM_WORK_FAILED, NCFSM_ERR_MISMATCH);
+}
+
+/* The policy's part of the comm's message (the failure stays as it was). */
+static void policy_note(ncfsm_comm *c, const char *what) {
+  char keep[440];
+  snprintf(keep, sizeof keep, "%.439s", c->last_error);
+  snprintf(c->last_error, sizeof c->last_error, "%s; %s", keep, what);
+}
+
+ACT(policy_revoke) {
+  COMM;
+  act_revoke(obj, payload);
+  if (c->state == NCFSM_STATE_REVOKING) policy_note(c, "the error policy revoked it (R6)");
+}
+
+ACT(policy_abort) {
+  COMM;
+  if (c->opts.on_error == NCFSM_ON_ERROR_REVOKE)
+    policy_note(c, p->from == NCFSM_STATE_REVOKING ? "the error policy aborts it (revoke did not reach quiescence)"
+                                                   : "the error policy aborts it (revoke is not possible here)");
+  else if (c->opts.on_error == NCFSM_ON_ERROR_SHRINK)
+    policy_note(c, "the error policy is shrink but no recovery is armed (ncfsm_comm_set_recovery): it aborts the comm");
+  else
+    policy_note(c, "the error policy aborts it at the loop's next turn (R5)");
 }
 
 ACT(policy_exit) {

@@ -44,10 +44,10 @@ static bool guard_fn(const void *obj, unsigned g, const void *payload) {
 
 /* ---- the observer ------------------------------------------------------------------ */
 
-static void note_state(ncfsm_comm *c, unsigned from, unsigned next, unsigned ev, ncfsm_result_t result) {
+static void note_state(ncfsm_comm *c, int rank, unsigned from, unsigned next, unsigned ev, ncfsm_result_t result) {
   ncfsm_loop *loop = c->loop;
   if (loop->trace) {
-    ncfsm_trace_rec r = {NCFSM_OBJ_COMM, c, c->rank, 0, (int)from, (int)ev, (int)next, result, ncfsm__now_ns()};
+    ncfsm_trace_rec r = {NCFSM_OBJ_COMM, c, rank, 0, (int)from, (int)ev, (int)next, result, ncfsm__now_ns()};
     loop->trace(&r, loop->trace_arg);
   }
   if (c->opts.on_state) {
@@ -79,12 +79,13 @@ static void step_fn(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *r,
     c->phase_deadline = ncfsm__deadline(ncfsm__now_ns(), c->opts.timeout_ms);
   if ((ncfsm__sflags(next) & NCFSM_SF_POLL) && next != from) c->loop->poll_iter = 0; /* restart the poll burst */
   if (ncfsm__sflags(next) & NCFSM_SF_CONTROL) c->loop->ctl = c->loop->kick = true; /* its control step is due */
-  note_state(c, from, next, ev, p->cause);
+  /* INIT, INIT_BOOT: the step gives the comm its place (the action stores it) */
+  note_state(c, p->nranks > 0 ? p->rank : c->rank, from, next, ev, p->cause);
   if (c->rops && next != from) c->rops->stepped(c);
 }
 
 extern void (*const ncfsm__comm_acts[NCFSM__CA_COUNT])(void *, void *);
-static const ncfsm__binding comm_binding = {&ncfsm__m_comm, guard_fn, ncfsm__comm_acts, step_fn};
+static const ncfsm__binding comm_binding = {&ncfsm__m_comm, guard_fn, ncfsm__comm_acts, step_fn, NULL};
 
 /* ---- fire --------------------------------------------------------------------------- */
 
@@ -143,6 +144,14 @@ ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_resu
 /* ---- failing ---------------------------------------------------------------------------- */
 
 void ncfsm__comm_fail(ncfsm_comm *c, ncfsm_event_t ev, ncfsm_result_t cause, int code, const char *what) {
+  /* What completed before the failure keeps its result: the completion
+   * events are observed once more before the comm fails, so that every work
+   * that completes does so before the failure's step (found with push
+   * completion: a rank lost right after a collective completed everywhere
+   * failed it on a survivor whose event had not been polled yet, and that
+   * survivor redid the step). An event that fails to answer is not
+   * complete: its work fails with the others. */
+  if (ncfsm__has(c, NCFSM_SF_WORKS)) ncfsm__drain(c);
   ncfsm__cev p = {.cause = cause, .code = code, .what = what, .from = c->state};
   ncfsm__comm_fire(c, ev, &p);
 }

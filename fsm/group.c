@@ -176,7 +176,7 @@ static void (*const group_acts[NCFSM__GA_COUNT])(void *, void *) = {
 #undef gact_none
 };
 
-static const ncfsm__binding group_binding = {&ncfsm__m_group, group_guard, group_acts, NULL};
+static const ncfsm__binding group_binding = {&ncfsm__m_group, group_guard, group_acts, NULL, NULL};
 
 static ncfsm_result_t group_fire(ncfsm_loop *loop, ncfsm__group_event_t ev, gev *p) {
   p->loop = loop;

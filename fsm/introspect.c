@@ -274,12 +274,14 @@ static json_t *comm_json(const snap_comm *s, uint64_t now) {
   json_object_set_new(o, "backend_error",
                       s->async_code ? json_string(ncfsm__nccl_result_name(s->async_code)) : json_null());
   json_t *works = json_object();
-  for (int st = NCFSM_WORK_QUEUED; st <= NCFSM_WORK_IN_FLIGHT; st++)
+  for (int st = 0; st < NCFSM_WORK_STATE_COUNT; st++)
+    if (!ncfsm__work_state_final((ncfsm_work_state_t)st))
     json_object_set_new(works, ncfsm_work_state_name((ncfsm_work_state_t)st),
                         json_integer((json_int_t)s->works[st]));
   json_object_set_new(o, "works", works);
   json_t *fin = json_object();
-  for (int st = NCFSM_WORK_COMPLETED; st < NCFSM_WORK_STATE_COUNT; st++)
+  for (int st = 0; st < NCFSM_WORK_STATE_COUNT; st++)
+    if (ncfsm__work_state_final((ncfsm_work_state_t)st))
     json_object_set_new(fin, ncfsm_work_state_name((ncfsm_work_state_t)st), json_integer((json_int_t)s->finished[st]));
   json_object_set_new(o, "finished", fin);
   if (s->has_oldest) {
@@ -316,7 +318,8 @@ static json_t *status_json(const snap *s) {
   json_object_set_new(loop, "group_depth", json_integer(s->group_depth));
   json_object_set_new(loop, "queued_batches", json_integer(s->nqueued));
   json_t *fin = json_object();
-  for (int st = NCFSM_WORK_COMPLETED; st < NCFSM_WORK_STATE_COUNT; st++)
+  for (int st = 0; st < NCFSM_WORK_STATE_COUNT; st++)
+    if (ncfsm__work_state_final((ncfsm_work_state_t)st))
     json_object_set_new(fin, ncfsm_work_state_name((ncfsm_work_state_t)st),
                         json_integer((json_int_t)s->stats.works_final[st]));
   json_object_set_new(loop, "works_finished", fin);
@@ -468,7 +471,8 @@ static void metrics_loop(tbuf *b, const snap *s) {
     tb_printf(b, "ncfsm_op_latency_seconds_count{op=\"%s\"} %" PRIu64 "\n", op, s->stats.lat_count[k]);
   }
   tb_family(b, "ncfsm_works_finished_total", "counter", "Works of this loop that reached each final state.");
-  for (int st = NCFSM_WORK_COMPLETED; st < NCFSM_WORK_STATE_COUNT; st++)
+  for (int st = 0; st < NCFSM_WORK_STATE_COUNT; st++)
+    if (ncfsm__work_state_final((ncfsm_work_state_t)st))
     tb_printf(b, "ncfsm_works_finished_total{state=\"%s\"} %" PRIu64 "\n",
               ncfsm_work_state_name((ncfsm_work_state_t)st), s->stats.works_final[st]);
 }
@@ -518,13 +522,15 @@ static void metrics_comms(tbuf *b, const snap *s) {
     tb_printf(b, "ncfsm_comm_collectives_total{%s} %" PRIu64 "\n", lab[i], s->comms[i].seq);
   tb_family(b, "ncfsm_comm_works", "gauge", "Unfinished works of each communicator per work state.");
   for (int i = 0; i < s->ncomms; i++)
-    for (int st = NCFSM_WORK_QUEUED; st <= NCFSM_WORK_IN_FLIGHT; st++)
+    for (int st = 0; st < NCFSM_WORK_STATE_COUNT; st++)
+    if (!ncfsm__work_state_final((ncfsm_work_state_t)st))
       tb_printf(b, "ncfsm_comm_works{%s,state=\"%s\"} %" PRIu64 "\n", lab[i],
                 ncfsm_work_state_name((ncfsm_work_state_t)st), s->comms[i].works[st]);
   tb_family(b, "ncfsm_comm_works_finished_total", "counter",
             "Works of each communicator that reached each final state.");
   for (int i = 0; i < s->ncomms; i++)
-    for (int st = NCFSM_WORK_COMPLETED; st < NCFSM_WORK_STATE_COUNT; st++)
+    for (int st = 0; st < NCFSM_WORK_STATE_COUNT; st++)
+    if (ncfsm__work_state_final((ncfsm_work_state_t)st))
       tb_printf(b, "ncfsm_comm_works_finished_total{%s,state=\"%s\"} %" PRIu64 "\n", lab[i],
                 ncfsm_work_state_name((ncfsm_work_state_t)st), s->comms[i].finished[st]);
   tb_family(b, "ncfsm_comm_oldest_work_seconds", "gauge",

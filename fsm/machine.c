@@ -29,14 +29,14 @@ bool ncfsm__m_reachable(const ncfsm__machine *m, unsigned from, unsigned to, boo
   while (n) {
     unsigned s = stack[--n];
     if (s == to) return true;
-    for (unsigned e = 0; e < m->nevents; e++) {
-      if (loop_only && m->events[e].source == NCFSM__M_CALL) continue;
-      for (unsigned i = 0; i < ncfsm__m_nrows(m, s, e); i++) {
-        unsigned t = ncfsm__m_row(m, s, e, i)->next;
-        if (!seen[t]) {
-          seen[t] = 1;
-          stack[n++] = (unsigned char)t;
-        }
+    /* the rows themselves, not the index: the lint calls this on tables
+     * whose rows may not be adjacent */
+    for (unsigned i = 0; i < m->nrows; i++) {
+      const ncfsm__mrow *r = &m->rows[i];
+      if (r->s != s || (loop_only && m->events[r->e].source == NCFSM__M_CALL)) continue;
+      if (!seen[r->next]) {
+        seen[r->next] = 1;
+        stack[n++] = r->next;
       }
     }
   }

@@ -22,9 +22,10 @@
  * Dispatch (ncfsm__m_fire): the rows of (state, event) are tried in table
  * order; the first whose guard holds gives the next state and the action.
  * Guard 0 (ANY) always holds and action 0 (none) does nothing: neither is
- * called. The object's state is written first, then the binding's observer
- * runs, then the action: an action sees the new state, and may fire one
- * follow-up event as its last step (run to completion). A (state, event)
+ * called. The object's state is written first, then the binding's step
+ * observer runs, then the action, then its after observer: an action sees
+ * the new state, and may fire one follow-up event as its last step (run to
+ * completion: the follow-up's step is observed after this one's). A (state, event)
  * with no row whose guard holds is returned as NULL: each machine's wrapper
  * decides what an invalid event means.
  */
@@ -89,8 +90,11 @@ typedef struct ncfsm__binding {
   const ncfsm__machine *m;
   bool (*guard)(const void *obj, unsigned g, const void *payload);
   void (*const *acts)(void *obj, void *payload); /* [m->nactions]; [0] unused */
-  /* Called after the state is written, before the action (traces, stats). */
+  /* Called after the state is written, before the action (statistics,
+   * traces of objects whose actions fire follow-up events); and once the
+   * action ran (traces that show what the action wrote). Either may be NULL. */
   void (*step)(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *row, void *payload);
+  void (*after)(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *row, void *payload);
 } ncfsm__binding;
 
 /* Builds m's index; true when the rows of each (state, event) are adjacent
@@ -126,6 +130,7 @@ static inline const ncfsm__mrow *ncfsm__m_fire(const ncfsm__binding *b, void *ob
   *state = r->next;
   if (b->step) b->step(obj, from, e, r, payload);
   if (r->action) b->acts[r->action](obj, payload);
+  if (b->after) b->after(obj, from, e, r, payload);
   return r;
 }
 

@@ -365,7 +365,7 @@ static bool recover_guard(const void *obj, unsigned g, const void *payload) {
   return g == NCFSM__RG_ANY;
 }
 
-static const ncfsm__binding recover_binding = {&ncfsm__m_recover, recover_guard, recover_acts, NULL};
+static const ncfsm__binding recover_binding = {&ncfsm__m_recover, recover_guard, recover_acts, NULL, NULL};
 
 static void fire(struct ncfsm__recovery *r, ncfsm__recover_event_t ev, const char *what) {
   if (!ncfsm__m_fire(&recover_binding, r, &r->state, ev, (void *)what))

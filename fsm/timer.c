@@ -62,10 +62,6 @@ ACT(arm_push) {
                        (suseconds_t)(loop->opts.push_fallback_us % 1000000)};
   evtimer_add(loop->ev_poll, &tv);
 }
-ACT(disarm) {
-  LOOP;
-  evtimer_del(loop->ev_poll);
-}
 ACT(rearm) {
   LOOP;
   evtimer_del(loop->ev_poll);
@@ -90,7 +86,7 @@ static void (*const timer_acts[NCFSM__TA_COUNT])(void *, void *) = {
 #undef tact_none
 };
 
-static const ncfsm__binding timer_binding = {&ncfsm__m_timer, timer_guard, timer_acts, NULL};
+static const ncfsm__binding timer_binding = {&ncfsm__m_timer, timer_guard, timer_acts, NULL, NULL};
 
 static void timer_fire(ncfsm_loop *loop, ncfsm__timer_event_t ev) {
   if (!ncfsm__m_fire(&timer_binding, loop, &loop->timer_state, ev, NULL))

@@ -68,7 +68,7 @@ static bool verify_guard(const void *obj, unsigned g, const void *payload) {
   return false;
 }
 
-static const ncfsm__binding verify_binding = {&ncfsm__m_verify, verify_guard, verify_acts, NULL};
+static const ncfsm__binding verify_binding = {&ncfsm__m_verify, verify_guard, verify_acts, NULL, NULL};
 
 void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
                         ncfsm_result_t cause, const char *what) {
@@ -102,7 +102,8 @@ static void on_forget(ncfsm_comm *c, ncfsm_work *w) {
 static bool on_busy(const ncfsm_comm *c) {
   const struct ncfsm__verifier *v = ver(c);
   switch (v->state) {
-    case NCFSM__VS_WAITING: return v->comp || ncfsm__vstrict_pending(v);
+    case NCFSM__VS_WAITING: /* one poll starts it once the comm is in service */
+      return v->comp || ncfsm__vstrict_pending(v) || ncfsm__has(c, NCFSM_SF_WORKS);
     case NCFSM__VS_SHARING:
     case NCFSM__VS_JOINING:
     case NCFSM__VS_EXCHANGING:

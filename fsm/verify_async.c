@@ -85,7 +85,7 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
     }
     ncfsm_result_t r = ncfsm_boot_test(q->req);
     if (r == NCFSM_ERR_AGAIN) {
-      if (c->opts.verify_stall_ms && now - q->t_post > c->opts.verify_stall_ms * 1000000ull) {
+      if (c->opts.verify_stall_ms && now > q->t_post && now - q->t_post > c->opts.verify_stall_ms * 1000000ull) {
         snprintf(what, sizeof what,
                  "verification: not every rank reached collective seq %llu within %llu ms of this rank (a rank "
                  "stopped, skipped a collective or is far behind; the dumps show which)",

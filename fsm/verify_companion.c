@@ -53,7 +53,8 @@ static void channel_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, cons
 
 static bool stalled(struct ncfsm__verifier *v, uint64_t now, const char *what) {
   ncfsm_comm *c = v->c;
-  if (!c->opts.verify_stall_ms || now - v->comp->t_phase <= c->opts.verify_stall_ms * 1000000ull) return false;
+  uint64_t t0 = v->comp->t_phase; /* may be later than the turn's clock reading: set by this turn's action */
+  if (!c->opts.verify_stall_ms || now <= t0 || now - t0 <= c->opts.verify_stall_ms * 1000000ull) return false;
   ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
   return true;
 }

@@ -249,7 +249,7 @@ bool ncfsm__vstrict_poll(struct ncfsm__verifier *v, uint64_t now) {
   while ((q = v->sf_head)) {
     ncfsm_result_t r = ncfsm_boot_test(q->req);
     if (r == NCFSM_ERR_AGAIN) {
-      if (c->opts.verify_stall_ms && now - q->t_post > c->opts.verify_stall_ms * 1000000ull) {
+      if (c->opts.verify_stall_ms && now > q->t_post && now - q->t_post > c->opts.verify_stall_ms * 1000000ull) {
         ncfsm__vstrict_stall_text(v, q, "", what, sizeof what);
         ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
         return true;

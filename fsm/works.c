@@ -87,16 +87,13 @@ static void work_step(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *
   ncfsm__rec_work(w);
   ncfsm_loop *loop = w->comm->loop;
   if (loop->trace) {
-    /* a final step reports the status it ends with (the action keeps it next) */
-    ncfsm_result_t st = ncfsm__work_state_final((ncfsm_work_state_t)w->state) ? ((const ncfsm__wev *)payload)->status
-                                                                               : w->status;
-    ncfsm_trace_rec r = {NCFSM_OBJ_WORK, w, w->comm->rank, w->fp.seq, (int)from, -1, (int)w->state, st,
+    ncfsm_trace_rec r = {NCFSM_OBJ_WORK, w, w->comm->rank, w->fp.seq, (int)from, -1, (int)w->state, w->status,
                          ncfsm__now_ns()};
     loop->trace(&r, loop->trace_arg);
   }
 }
 
-static const ncfsm__binding work_binding = {&ncfsm__m_work, work_guard, work_acts, work_step};
+static const ncfsm__binding work_binding = {&ncfsm__m_work, work_guard, work_acts, NULL, work_step};
 
 void ncfsm__work_fire(ncfsm_work *w, ncfsm__work_event_t ev, const ncfsm__wev *p) {
   ncfsm__wev none = {NCFSM_OK, 0, 0}, arg = p ? *p : none;

@@ -407,7 +407,13 @@ static void v_valid_op_after_group_error(void) {
 static void v_nonblocking_init_poll(int i0, uint64_t t_call) {
   const int v = V_NONBLOCKING_INIT_POLL;
   for (int s = 0; s < J.nlocal; s++) {
-    int q = seen(J.comm[s], i0, NCFSM_EV_INIT);
+    /* one process: INIT with the id; under a launcher: INIT_BOOT, the id's
+     * broadcast (ID_QUEUED, ID_EXCHANGE), then INIT_QUEUED */
+    int q = J.mpi ? seen(J.comm[s], i0, NCFSM_EV_INIT_BOOT) : seen(J.comm[s], i0, NCFSM_EV_INIT);
+    if (J.mpi) {
+      EXPECT(v, s, q >= 0 && tlog[q].next == NCFSM_STATE_ID_QUEUED, "ID_QUEUED not observed");
+      q = q < 0 ? -1 : seen(J.comm[s], q, NCFSM_EV_ID_KNOWN);
+    }
     int a = q < 0 ? -1 : seen(J.comm[s], q, NCFSM_EV_INIT_ISSUED);
     int b = a < 0 ? -1 : seen(J.comm[s], a, NCFSM_EV_INIT_DONE);
     EXPECT(v, s, q >= 0 && tlog[q].next == NCFSM_STATE_INIT_QUEUED, "INIT_QUEUED not observed");
@@ -416,8 +422,8 @@ static void v_nonblocking_init_poll(int i0, uint64_t t_call) {
     EXPECT(v, s, ncfsm_comm_state(J.comm[s]) == NCFSM_STATE_READY, "state %s",
            ncfsm_state_name(ncfsm_comm_state(J.comm[s])));
     if (a >= 0 && b >= 0)
-      note(v, s, "NEW->INIT_QUEUED->INIT_IN_PROGRESS->READY; %.3f ms in progress (%.3f ms from the init call)%s",
-           (double)(tlog[b].t - tlog[a].t) / 1e6, (double)(tlog[b].t - t_call) / 1e6,
+      note(v, s, "NEW->%sINIT_QUEUED->INIT_IN_PROGRESS->READY; %.3f ms in progress (%.3f ms from the init call)%s",
+           J.mpi ? "ID_QUEUED->ID_EXCHANGE->" : "", (double)(tlog[b].t - tlog[a].t) / 1e6, (double)(tlog[b].t - t_call) / 1e6,
            J.mpi ? "; includes the unique-id exchange" : "");
     ncfsm_sim_stats st;
     if (ncfsm_sim_get_stats(J.comm[s], &st) == NCFSM_OK)

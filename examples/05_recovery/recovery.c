@@ -257,8 +257,10 @@ int main(int argc, char **argv) {
   if (S.orig_rank == victim && !strcmp(kill_point, "init")) {
     /* once the unique id is exchanged (so the store knows this rank), while NCCL's init waits for it */
     double until = mono_ms() + 30000;
-    while (ncfsm_comm_state(S.comm) == NCFSM_STATE_INIT_QUEUED && mono_ms() < until)
-      ncfsm_loop_run(S.loop, NCFSM_RUN_NOWAIT);
+    for (ncfsm_state_t st; (st = ncfsm_comm_state(S.comm)) == NCFSM_STATE_ID_QUEUED || st == NCFSM_STATE_ID_EXCHANGE ||
+                           st == NCFSM_STATE_INIT_QUEUED;)
+      if (mono_ms() < until) ncfsm_loop_run(S.loop, NCFSM_RUN_NOWAIT);
+      else break;
     kill_at = 0;
     goto kill_me;
   }

@@ -353,8 +353,9 @@ static const char *check_status_schema(json_t *j) {
     const char *bb[] = {"blocking", "released", "failed", NULL};
     for (int k = 0; bb[k]; k++) REQ(json_is_boolean(json_object_get(c, bb[k])), "comms[%zu].%s", i, bb[k]);
     json_t *w = json_object_get(c, "works");
-    REQ(json_is_object(w) && json_object_size(w) == 3 && json_is_integer(json_object_get(w, "QUEUED")) &&
-            json_is_integer(json_object_get(w, "LAUNCHING")) && json_is_integer(json_object_get(w, "IN_FLIGHT")),
+    REQ(json_is_object(w) && json_object_size(w) == 4 && json_is_integer(json_object_get(w, "QUEUED")) &&
+            json_is_integer(json_object_get(w, "VERIFYING")) && json_is_integer(json_object_get(w, "LAUNCHING")) &&
+            json_is_integer(json_object_get(w, "IN_FLIGHT")),
         "comms[%zu].works", i);
     json_t *cf = json_object_get(c, "finished");
     REQ(json_is_object(cf) && json_object_size(cf) == 4, "comms[%zu].finished", i);

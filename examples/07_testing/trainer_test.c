@@ -106,7 +106,7 @@ static void test_clean_run(void **state) {
   assert_int_equal(R.recoveries, 0);
   for (int r = 0; r < 2; r++)
     assert_kit(ncfsm_test_expect_path(T, "train", r,
-                                      "NEW INIT_QUEUED INIT_IN_PROGRESS READY * FINALIZING FINALIZED CLOSING CLOSED"));
+                                      "NEW INIT_QUEUED INIT_IN_PROGRESS READY * FINALIZING FINALIZED CLOSING CLOSED RELEASED"));
   assert_kit(ncfsm_test_expect_count(T, "train r? w? seq ?: IN_FLIGHT -> COMPLETED NCFSM_OK", 12, 12));
   finish();
 }
@@ -120,7 +120,7 @@ static void test_init_failure(void **state) {
   run(); /* its result: in assert_recovered_once */
   assert_recovered_once();
   assert_kit(ncfsm_test_expect_fired(T, id, 1, 1));
-  assert_kit(ncfsm_test_expect_path(T, "train", 1, "NEW INIT_QUEUED INIT_IN_PROGRESS ERROR *"));
+  assert_kit(ncfsm_test_expect_path(T, "train", 1, "NEW INIT_QUEUED INIT_IN_PROGRESS INIT_FAILED *"));
   assert_int_equal(R.attempts, O.steps); /* the init failed before any step was tried */
   finish();
 }
@@ -133,7 +133,7 @@ static void test_init_timeout(void **state) {
   add(f);
   run(); /* its result: in assert_recovered_once */
   assert_recovered_once();
-  const char *seq[] = {"train r0: INIT_IN_PROGRESS -TIMEOUT-> ERROR NCFSM_ERR_TIMEOUT"};
+  const char *seq[] = {"train r0: INIT_IN_PROGRESS -TIMEOUT-> INIT_FAILED NCFSM_ERR_TIMEOUT"};
   assert_kit(ncfsm_test_expect_lines(T, seq, 1));
   finish();
 }
@@ -253,7 +253,7 @@ static void test_gives_up(void **state) {
   assert_int_equal(R.recoveries, O.max_attempts);
   assert_kit(ncfsm_test_expect_fired(T, id, 3, 3));
   assert_non_null(strstr(R.why, "NCFSM_ERR_"));
-  assert_kit(ncfsm_test_expect_path(T, "train.2", 0, "* READY * ERROR ABORT_QUEUED CLOSING CLOSED"));
+  assert_kit(ncfsm_test_expect_path(T, "train.2", 0, "* READY * ERROR ABORT_QUEUED CLOSING CLOSED RELEASED"));
   finish();
 }
 

@@ -132,8 +132,9 @@ bool fz_is_final_wstate(int s) {
          s == NCFSM_WORK_ABORTED;
 }
 
-/* The work lifecycle: QUEUED -> LAUNCHING -> IN_FLIGHT -> COMPLETED, and from
- * any non-final state to FAILED, TIMED_OUT or ABORTED. */
+/* The work lifecycle: QUEUED -> LAUNCHING -> IN_FLIGHT -> COMPLETED, strict
+ * verification's QUEUED -> VERIFYING -> QUEUED, and from any non-final state
+ * to FAILED, TIMED_OUT or ABORTED. */
 static int wrank(int s) {
   switch (s) {
     case NCFSM_WORK_QUEUED: return 0;
@@ -146,6 +147,8 @@ static int wrank(int s) {
 static bool work_step_ok(int from, int to) {
   if (fz_is_final_wstate(from)) return false;
   if (to == NCFSM_WORK_FAILED || to == NCFSM_WORK_TIMED_OUT || to == NCFSM_WORK_ABORTED) return true;
+  if ((from == NCFSM_WORK_QUEUED && to == NCFSM_WORK_VERIFYING) || (from == NCFSM_WORK_VERIFYING && to == NCFSM_WORK_QUEUED))
+    return true;
   int a = wrank(from), b = wrank(to);
   return a >= 0 && b == a + 1;
 }

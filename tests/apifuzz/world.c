@@ -938,8 +938,13 @@ static void act_work(void) {
                      traced >= 0 ? ncfsm_work_state_name((ncfsm_work_state_t)traced) : "(none)");
       if (launched != (ws == NCFSM_WORK_IN_FLIGHT || ws == NCFSM_WORK_COMPLETED))
         fz_violation("ncfsm_work_launched(op %d) is %d in state %s", op->id, launched, ncfsm_work_state_name(ws));
-      if (st != NCFSM_ERR_AGAIN && op->has_cb && (cbn != 1 || cbs != st))
-        fz_violation("ncfsm_work_status(op %d) is %s but its callback fired %d time(s)", op->id, rname(st), cbn);
+      /* the status follows the state: final before its callback is delivered (at
+       * the next flush), never different from what the callback got */
+      if (st != NCFSM_ERR_AGAIN && op->has_cb && (cbn > 1 || (cbn == 1 && cbs != st)))
+        fz_violation("ncfsm_work_status(op %d) is %s but its callback fired %d time(s)%s%s", op->id, rname(st), cbn,
+                     cbn == 1 ? " with " : "", cbn == 1 ? rname(cbs) : "");
+      if ((st != NCFSM_ERR_AGAIN) != fz_is_final_wstate((int)ws))
+        fz_violation("ncfsm_work_status(op %d) is %s in state %s", op->id, rname(st), ncfsm_work_state_name(ws));
       if (st == NCFSM_ERR_AGAIN && op->has_cb && cbn)
         fz_violation("ncfsm_work_status(op %d) is NCFSM_ERR_AGAIN after its callback fired with %s", op->id, rname(cbs));
       break;

@@ -119,23 +119,23 @@ const ncfsm_expect_t ncfsm_expectations[] = {
      "comm states and abort: rank 0's state callback sees LAUNCH_IN_PROGRESS -> READY on EV_LAUNCH_FINAL with "
      "the work IN_FLIGHT; ncfsm_comm_abort from there is OK; both comms end CLOSED, both works ABORTED"},
     {"split_child_handle",
-     {"split=OK,OK wait=OK,OK", "SPLITTING/INIT_IN_PROGRESS,SPLITTING/INIT_IN_PROGRESS->READY/READY,READY/READY", "ok",
+     {"split=OK,OK wait=OK,OK", "SPLITTING/CHILD_QUEUED,SPLITTING/CHILD_QUEUED->READY/READY,READY/READY", "ok",
       "healthy"},
      {0},
-     "split (fsm/split.c, comm.def): after ncfsm_comm_split the parent is SPLITTING and the child INIT_IN_PROGRESS "
-     "without a handle; the parent's poll to success (SPLIT_DONE) hands the child its handle and the parent is READY; "
+     "split (fsm/api_split.c, comm.def): after ncfsm_comm_split the parent is SPLITTING and the child CHILD_QUEUED "
+     "without a handle; the parent's poll to success (SPLIT_DONE) hands the child its handle (HANDED) and the parent is READY; "
      "the child polls its init to READY and its AllReduce is correct"},
     {"shrink_default",
-     {"shrink=OK wait=OK", "SPLITTING/INIT_IN_PROGRESS->READY/READY", "ok", "healthy"},
+     {"shrink=OK wait=OK", "SPLITTING/CHILD_QUEUED->READY/READY", "ok", "healthy"},
      {0},
      "shrink (default mode) of an idle READY comm takes the SPLIT path: SPLITTING, then READY once the call is final; "
      "the 1-rank child reaches READY and works"},
     {"shrink_abort_stuck",
-     {"stuck ar=OK(IN_FLIGHT) shrink=OK wait=OK stuck_work=ABORTED", "SHRINKING/INIT_IN_PROGRESS->ERROR/READY", "ok",
-      "unhealthy(ERROR/Success)"},
+     {"stuck ar=OK(IN_FLIGHT) shrink=OK wait=OK stuck_work=ABORTED", "SHRINKING/CHILD_QUEUED->SHRUNK/READY", "ok",
+      "unhealthy(SHRUNK/Success)"},
      {0},
      "NCFSM_SHRINK_ABORT fires SHRINK_TERMINATE: the stuck work fails once as ABORTED (action terminate_works), the "
-     "parent is SHRINKING, then ERROR with 'abort it (R7)' once the call is final (the NCCL comm itself reports "
+     "parent is SHRINKING, then SHRUNK (only abort remains: R7) once the call is final (the NCCL comm itself reports "
      "Success); the child works"},
 };
 const int ncfsm_nexpectations = (int)(sizeof ncfsm_expectations / sizeof ncfsm_expectations[0]);

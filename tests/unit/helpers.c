@@ -96,3 +96,10 @@ void teardown_all(ncfsm_loop *loop, ncfsm_comm **c, int n) {
 }
 
 uint64_t backend_calls(ncfsm_comm *c) { return ncfsm__comm_backend_calls(c); }
+
+bool has_backend_comm(ncfsm_comm *c) {
+  pthread_mutex_lock(&c->loop->mu);
+  bool b = c->bcomm != NULL;
+  pthread_mutex_unlock(&c->loop->mu);
+  return b;
+}

@@ -3,6 +3,7 @@
 #define NCFSM_TEST_HELPERS_H
 
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -40,5 +41,7 @@ void run_until_state(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_state_t s);
 void teardown_all(ncfsm_loop *loop, ncfsm_comm **c, int n);
 /* Count of backend calls for a comm (engine-side counter). */
 uint64_t backend_calls(ncfsm_comm *c);
+/* The comm has an NCCL (sim) communicator now. */
+bool has_backend_comm(ncfsm_comm *c);
 
 #endif

@@ -49,7 +49,7 @@ static void *rank_main(void *arg) {
   o.init_roots = roots;
   CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
   CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
-  CHECK(ncfsm_comm_state(c) == NCFSM_STATE_INIT_QUEUED);
+  CHECK(ncfsm_comm_state(c) == NCFSM_STATE_ID_QUEUED);
   CHECK(ncfsm_comm_wait_state(c, NCFSM_STATE_READY, 10000) == NCFSM_OK);
   CHECK(ncfsm_comm_rank(c) == rank && ncfsm_comm_size(c) == N);
   for (int i = 0; i < 4; i++) result[rank][i] = rank + 1;

@@ -12,9 +12,11 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fsm/tables.h"
 #include "helpers.h"
+#include "ncfsm/bootstrap.h"
 
 static int32_t sbuf[16], rbuf[16];
 static ncfsm_comm *kids[2]; /* children made by a recipe and by the call: torn down after each cell */
@@ -34,6 +36,25 @@ static ncfsm_comm *new_child(ncfsm_loop *loop) {
   return ch;
 }
 static int32_t setup_s[16], setup_r[16]; /* ops made while entering a state: no R12 overlap */
+static ncfsm_boot *cell_boot;  /* ID_QUEUED, ID_EXCHANGE: the comm's bootstrap, closed after the cell */
+static ncfsm_work *cell_work;  /* RELEASED: the work that keeps the released comm's memory */
+static ncfsm_comm *cell_parent; /* CHILD_QUEUED: the parent whose split never polls back; CHILD: a READY parent */
+static int cell_no;
+
+/* A local bootstrap of size members of which this is rank 0 (the others never join). */
+static ncfsm_boot *open_boot(ncfsm_loop *loop, int size) {
+  char group[64];
+  snprintf(group, sizeof group, "legality-%d-%d", (int)getpid(), cell_no++);
+  ncfsm_boot_opts bo;
+  ncfsm_boot_opts_init(&bo);
+  bo.kind = NCFSM_BOOT_LOCAL;
+  bo.local_group = group;
+  bo.rank = 0;
+  bo.size = size;
+  ncfsm_boot *b = NULL;
+  assert_int_equal(ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &b), NCFSM_OK);
+  return b;
+}
 
 /* Put c[0] (rank 0 of a clique of 1, or of 2 for INIT_IN_PROGRESS and, with
  * two, for the states where a shrink is legal: a shrink needs a rank to
@@ -54,6 +75,43 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
       return false;
     case NCFSM_STATE_NEW:
       assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
+      return true;
+    case NCFSM_STATE_ID_QUEUED: /* init_boot accepted; the loop has not turned yet */
+    case NCFSM_STATE_ID_EXCHANGE: /* the broadcast waits for rank 1, which never joins */
+      assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
+      cell_boot = open_boot(loop, s == NCFSM_STATE_ID_QUEUED ? 1 : 2);
+      assert_int_equal(ncfsm_comm_init_boot(c[0], cell_boot), NCFSM_OK);
+      if (s == NCFSM_STATE_ID_EXCHANGE) run_turns(loop, 3);
+      assert_int_equal(ncfsm_comm_state(c[0]), s);
+      return true;
+    case NCFSM_STATE_CHILD_QUEUED: { /* the parent's shrink never polls back to success (R8); a
+                                        shrink's child knows its rank and size (guard SIZED) */
+      so.split_polls = NEVER;
+      ncfsm_comm *p[2];
+      make_comms(loop, 2, &o, p, 0);
+      run_until_state(loop, p[0], NCFSM_STATE_READY);
+      run_until_state(loop, p[1], NCFSM_STATE_READY);
+      cell_parent = p[0];
+      kids[nkids++] = p[1];
+      int ex = 1;
+      assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
+      assert_int_equal(ncfsm_comm_shrink(cell_parent, &ex, 1, NCFSM_SHRINK_DEFAULT, c[0]), NCFSM_OK);
+      assert_int_equal(ncfsm_comm_state(c[0]), s);
+      return true;
+    }
+    case NCFSM_STATE_INIT_FAILED: /* the sim's init fails (a remote error) */
+      so.fail_init = 6;
+      make_comms(loop, 1, &o, c, 0);
+      run_until_state(loop, c[0], s);
+      return true;
+    case NCFSM_STATE_RELEASED: /* a work the caller still holds keeps its memory */
+      make_comms(loop, 1, &o, c, 0);
+      run_until_state(loop, c[0], NCFSM_STATE_READY);
+      assert_int_equal(ncfsm_allreduce(c[0], setup_s, setup_r, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &cell_work), NCFSM_OK);
+      assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+      assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
+      assert_int_equal(ncfsm_comm_release(c[0]), NCFSM_OK);
+      assert_int_equal(ncfsm_comm_state(c[0]), s);
       return true;
     case NCFSM_STATE_INIT_QUEUED: /* accepted; the loop has not turned yet */
       assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
@@ -79,6 +137,7 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
     case NCFSM_STATE_REVOKING: so.revoke_polls = NEVER; break;
     case NCFSM_STATE_SPLITTING:
     case NCFSM_STATE_SHRINKING: so.split_polls = NEVER; break;
+    case NCFSM_STATE_SHRUNK: two = true; break;
     default: break;
   }
   *n = two ? 2 : 1;
@@ -129,9 +188,11 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
     case NCFSM_STATE_SPLITTING: /* the parent never polls back to success */
       assert_int_equal(ncfsm_comm_split(c[0], 0, 0, new_child(loop)), NCFSM_OK);
       break;
-    case NCFSM_STATE_SHRINKING: { /* rank 1 is excluded; the parent never polls back */
+    case NCFSM_STATE_SHRINKING: /* rank 1 is excluded; the parent never polls back */
+    case NCFSM_STATE_SHRUNK: {   /* ... or it does: only abort remains (R7) */
       int ex = 1;
       assert_int_equal(ncfsm_comm_shrink(c[0], &ex, 1, NCFSM_SHRINK_ABORT, new_child(loop)), NCFSM_OK);
+      if (s == NCFSM_STATE_SHRUNK) run_until_state(loop, c[0], s);
       break;
     }
     default:
@@ -171,6 +232,9 @@ static ncfsm_result_t make_call(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_call_t ca
     case NCFSM_CALL_ABORT: return ncfsm_comm_abort(c);
     case NCFSM_CALL_REVOKE: return ncfsm_comm_revoke(c);
     case NCFSM_CALL_RELEASE: return ncfsm_comm_release(c);
+    case NCFSM_CALL_GROW_ID: return ncfsm_comm_grow_id(c, &id);
+    case NCFSM_CALL_CHILD: /* c is the child of a READY parent's split (made before the cell's state) */
+      return ncfsm_comm_split(kids[0], 0, 0, c);
     default: break;
   }
   (void)loop;
@@ -182,7 +246,7 @@ static ncfsm_result_t make_call(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_call_t ca
  * turns (the init, the finalize, the queued abort): there a cell's effect on
  * the backend is judged right after the call, before any turn. */
 static bool turns_call_backend(ncfsm_state_t s) {
-  return s == NCFSM_STATE_INIT_QUEUED || s == NCFSM_STATE_DRAINING || s == NCFSM_STATE_ABORT_QUEUED;
+  return (ncfsm_state_flags(s) & NCFSM_SF_CONTROL) != 0;
 }
 
 static void test_every_cell(void **state) {
@@ -201,24 +265,41 @@ static void test_every_cell(void **state) {
       ncfsm_comm *c[2] = {NULL, NULL};
       int n;
       nkids = 0;
+      if (k == NCFSM_CALL_CHILD) { /* the parent first: it must not move the cell's comm on */
+        static ncfsm_sim_opts pso;
+        ncfsm_comm_opts po;
+        test_sim_opts(&pso);
+        test_comm_opts(&po, &pso);
+        make_comms(loop, 1, &po, &kids[0], 0);
+        run_until_state(loop, kids[0], NCFSM_STATE_READY);
+        nkids = 1;
+      }
       if (!enter_state(loop, (ncfsm_state_t)s, c, &n, is_shrink((ncfsm_call_t)k) || k == NCFSM_CALL_GROW)) {
         /* CLOSING: every call is refused; the hint says to wait for CLOSED. */
         if (d != NCFSM_REJECT) fail_msg("%s: a call is accepted while closing", where);
         table_only++;
         rejected++;
         cells++;
+        for (int i = 0; i < nkids; i++) {
+          ncfsm_comm_abort(kids[i]);
+          ncfsm_comm_release(kids[i]);
+        }
+        nkids = 0;
         assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
         continue;
       }
       uint64_t before = backend_calls(c[0]);
+      bool had_bcomm = has_backend_comm(c[0]);
       ncfsm_result_t rc = make_call(loop, c[0], (ncfsm_call_t)k);
       bool released = k == NCFSM_CALL_RELEASE && rc == NCFSM_OK;
       if (d == NCFSM_REJECT) {
         if (rc != NCFSM_ERR_ILLEGAL_STATE)
           fail_msg("%s: got %s, want NCFSM_ERR_ILLEGAL_STATE", where, ncfsm_err_name(rc));
-        /* The error names the state and the call, and says what to do. */
+        /* The error names the state and the call, and says what to do (a
+         * child is told it must be NEW). */
         const char *err = ncfsm_comm_last_error(c[0]);
-        if (!strstr(err, ncfsm_state_name(s)) || !strstr(err, "ncfsm_") || !strstr(err, hint))
+        if (!strstr(err, ncfsm_state_name(s)) || !strstr(err, "ncfsm_") ||
+            !strstr(err, k == NCFSM_CALL_CHILD ? "it must be NEW" : hint))
           fail_msg("%s: last error does not name state, call and hint: %s", where, err);
         if (ncfsm_comm_state(c[0]) != (ncfsm_state_t)s) fail_msg("%s: state changed", where);
         if (backend_calls(c[0]) != before) fail_msg("%s: a rejected call reached the backend", where);
@@ -228,7 +309,7 @@ static void test_every_cell(void **state) {
       } else {
         d == NCFSM_ALLOW ? allowed++ : deferred++;
       }
-      if (released) {
+      if (released || s == NCFSM_STATE_RELEASED) {
         c[0] = NULL;
       } else if (d != NCFSM_REJECT) {
         uint64_t now = backend_calls(c[0]);
@@ -238,8 +319,9 @@ static void test_every_cell(void **state) {
         uint64_t after = backend_calls(c[0]);
         /* ALLOW reaches the backend, except where no backend comm exists (abort
          * before init was issued). */
-        bool no_bcomm = s == NCFSM_STATE_NEW || s == NCFSM_STATE_INIT_QUEUED;
-        bool expect = d == NCFSM_ALLOW && !(no_bcomm && k == NCFSM_CALL_ABORT);
+        bool no_bcomm = !had_bcomm;
+        /* the child of a split reaches NCCL through its parent's call */
+        bool expect = d == NCFSM_ALLOW && !(no_bcomm && k == NCFSM_CALL_ABORT) && k != NCFSM_CALL_CHILD;
         if (expect && after == before) fail_msg("%s: backend was not reached", where);
         if (!expect && !turns_call_backend((ncfsm_state_t)s) && after != before)
           fail_msg("%s: backend was reached %llu time(s)", where, (unsigned long long)(after - before));
@@ -251,7 +333,21 @@ static void test_every_cell(void **state) {
         ncfsm_comm_release(kids[i]);
       }
       nkids = 0;
+      if (cell_parent) {
+        ncfsm_comm_abort(cell_parent);
+        ncfsm_comm_release(cell_parent);
+        cell_parent = NULL;
+      }
+      if (cell_work) {
+        ncfsm_work_release(cell_work);
+        cell_work = NULL;
+      }
+      if (c[0] && ncfsm_comm_state(c[0]) == NCFSM_STATE_RELEASED) c[0] = NULL;
       teardown_all(loop, c, n);
+      if (cell_boot) {
+        ncfsm_boot_close(cell_boot);
+        cell_boot = NULL;
+      }
     }
   }
   printf("legality: %d cells covered (%d states x %d calls): %d allow, %d defer, %d reject; %d on "
@@ -290,6 +386,24 @@ static void test_guards_fail(void **state) {
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
   for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_destroy(c[r]), NCFSM_OK);
   teardown_all(loop, c, 2);
+  /* SIZED: a split child learns its rank and size only when its init is
+   * done: a rooted op before is refused, an AllReduce is queued. */
+  static ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  so.split_polls = NEVER;
+  ncfsm_comm *p[1], *ch;
+  loop = ready_comms_with(1, p, &o);
+  assert_int_equal(ncfsm_comm_new(loop, &o, &ch), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_split(p[0], 0, 0, ch), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_state(ch), NCFSM_STATE_CHILD_QUEUED);
+  assert_int_equal(ncfsm_broadcast(ch, gbuf[0], gbuf[0], 4, NCFSM_INT32, 0, NULL, NULL, NULL, NULL), NCFSM_ERR_ILLEGAL_STATE);
+  assert_non_null(strstr(ncfsm_comm_last_error(ch), "guard SIZED"));
+  assert_int_equal(ncfsm_allreduce(ch, gbuf[0], gbuf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_abort(ch), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_release(ch), NCFSM_OK);
+  teardown_all(loop, p, 1);
 }
 
 /* GROUP_THREAD: an op from a thread that did not open the group its comm's
@@ -324,7 +438,7 @@ static void test_guard_group_thread(void **state) {
 static void test_table_shape(void **state) {
   (void)state;
   for (int s = 0; s < NCFSM_STATE_COUNT; s++) {
-    if (s == NCFSM_STATE_CLOSED || s == NCFSM_STATE_CLOSING) continue;
+    if (ncfsm_state_flags((ncfsm_state_t)s) & NCFSM_SF_END) continue;
     if (!ncfsm_transition_allowed((ncfsm_state_t)s, NCFSM_EV_ABORT, NCFSM_STATE_CLOSING))
       fail_msg("no ABORT from %s", ncfsm_state_name(s));
     ncfsm_decision_t d = ncfsm_legality((ncfsm_state_t)s, NCFSM_CALL_ABORT, NULL, NULL);

@@ -406,7 +406,7 @@ static void test_policy_revoke(void **state) {
     assert_int_equal(ncfsm_work_wait(w, 10000), NCFSM_ERR_TIMEOUT);
     if (has) {
       assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_REVOKED, 5000), NCFSM_OK);
-      assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "revoked it"));
+      if (!strstr(ncfsm_comm_last_error(c[0]), "revoked it")) fail_msg("last error: %s", ncfsm_comm_last_error(c[0]));
     } else {
       assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_CLOSED, 5000), NCFSM_OK);
       assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "aborts it"));
@@ -472,6 +472,46 @@ static void test_dump_on_signal(void **state) {
   teardown_all(loop, c, 2);
 }
 
+
+/* Fuzzer defect (issue 20): ncfsm_comm_shrink(NCFSM_SHRINK_ABORT) on a comm
+ * whose init timed out went to NCCL ("used before the previous operation
+ * returned ncclSuccess"), failing parent and child. Such a comm is
+ * INIT_FAILED now, where shrink and revoke are refused before NCCL, with
+ * the way out; only abort is legal. */
+static void test_shrink_after_init_timeout(void **state) {
+  (void)state;
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  o.timeout_ms = 100;
+  o.on_error = NCFSM_ON_ERROR_STAY;
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_comm *c[2];
+  make_comms(loop, 2, &o, c, 1); /* rank 1 never inits: rank 0's init times out */
+  assert_int_equal(ncfsm_comm_wait_state(c[0], NCFSM_STATE_INIT_FAILED, 5000), NCFSM_OK);
+  assert_non_null(strstr(ncfsm_comm_failure(c[0]), "INIT_IN_PROGRESS"));
+  ncfsm_comm *child;
+  ncfsm_comm_opts co;
+  test_comm_opts(&co, &so);
+  assert_int_equal(ncfsm_comm_new(loop, &co, &child), NCFSM_OK);
+  uint64_t before = backend_calls(c[0]);
+  int ex = 1;
+  assert_int_equal(ncfsm_comm_shrink(c[0], &ex, 1, NCFSM_SHRINK_ABORT, child), NCFSM_ERR_ILLEGAL_STATE);
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "INIT_FAILED"));
+  assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "initialise a new one"));
+  assert_int_equal(ncfsm_comm_revoke(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_int_equal(ncfsm_comm_destroy(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_int_equal(backend_calls(c[0]), before); /* nothing reached NCCL */
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_INIT_FAILED);
+  assert_int_equal(ncfsm_comm_state(child), NCFSM_STATE_NEW); /* the child is untouched */
+  assert_int_equal(ncfsm_comm_release(child), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_state(c[0]), NCFSM_STATE_CLOSED);
+  teardown_all(loop, c, 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_inflight_never_ok),
@@ -491,6 +531,7 @@ int main(void) {
       cmocka_unit_test(test_policy_revoke),
       cmocka_unit_test(test_dump_refusals),
       cmocka_unit_test(test_dump_on_signal),
+      cmocka_unit_test(test_shrink_after_init_timeout),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
