@@ -1,62 +1,111 @@
-# Proves that `fsm2dot --check` fails on drift. Works on a copy of docs/ in
-# WORK; the committed docs are never touched.
-#   cmake -DFSM2DOT=<fsm2dot> -DDOCS=<src>/docs -DWORK=<scratch dir> -P drift_selftest.cmake
-foreach(v FSM2DOT DOCS WORK)
+# Proves that `fsm2dot --check` fails on drift. Works on a copy of the
+# generated files in WORK; the committed ones are never touched. The edits
+# are found in the files (the first edge label, the first ALLOW cell), not
+# written for today's tables.
+#   cmake -DFSM2DOT=<fsm2dot> -DDOCS=<src>/docs -DHEADER=<src>/include/ncfsm/states.h -DWORK=<scratch dir>
+#         -P drift_selftest.cmake
+foreach(v FSM2DOT DOCS HEADER WORK)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "drift_selftest: -D${v}=... is required")
   endif()
 endforeach()
 
-function(run_check expect_rc expect_text what)
-  execute_process(COMMAND ${FSM2DOT} --check ${WORK}
+# expect_rc, then the names of variables (x_*) that hold literal strings
+# which stdout must contain, in order (names, not values: a line of a .dot
+# file may hold ';').
+function(run_check what expect_rc)
+  execute_process(COMMAND ${FSM2DOT} --check ${WORK}/docs --header ${WORK}/states.h
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("---- ${what}: exit ${rc}\n${out}${err}")
   if(NOT rc STREQUAL "${expect_rc}")
     message(FATAL_ERROR "drift_selftest: ${what}: fsm2dot --check exited ${rc}, expected ${expect_rc}")
   endif()
-  if(NOT "${out}" MATCHES "${expect_text}")
-    message(FATAL_ERROR "drift_selftest: ${what}: output does not match '${expect_text}'")
-  endif()
+  set(rest "${out}")
+  foreach(name IN LISTS ARGN)
+    string(FIND "${rest}" "${${name}}" pos)
+    if(pos EQUAL -1)
+      message(FATAL_ERROR "drift_selftest: ${what}: the output does not contain (after the previous text) '${${name}}'")
+    endif()
+    string(SUBSTRING "${rest}" ${pos} -1 rest)
+  endforeach()
 endfunction()
 
 function(fresh_copy)
   file(REMOVE_RECURSE ${WORK})
-  file(MAKE_DIRECTORY ${WORK})
-  file(COPY ${DOCS}/fsm.dot ${DOCS}/fsm-tables.md DESTINATION ${WORK})
+  file(MAKE_DIRECTORY ${WORK}/docs)
+  file(GLOB dots ${DOCS}/fsm-*.dot)
+  file(COPY ${dots} ${DOCS}/fsm-tables.md DESTINATION ${WORK}/docs)
+  file(COPY ${HEADER} DESTINATION ${WORK})
 endfunction()
+
+# The first line of `file` that begins with a match of `regex` (within the
+# line), in `var`.
+function(first_line file regex var)
+  file(READ ${file} text)
+  string(REGEX MATCH "\n${regex}[^\n]*" line "\n${text}")
+  if(NOT line)
+    message(FATAL_ERROR "drift_selftest: no line of ${file} matches '${regex}'")
+  endif()
+  string(SUBSTRING "${line}" 1 -1 line)
+  set(${var} "${line}" PARENT_SCOPE)
+endfunction()
+
+# Replaces the first occurrence of `from` in line `line` of `file` by `to`;
+# the edited line in `var`.
+function(edit_line file line from to var)
+  file(READ ${file} text)
+  string(FIND "${line}" "${from}" at)
+  string(SUBSTRING "${line}" 0 ${at} head)
+  string(LENGTH "${from}" n)
+  math(EXPR tail_at "${at} + ${n}")
+  string(SUBSTRING "${line}" ${tail_at} -1 tail)
+  set(edited "${head}${to}${tail}")
+  string(REPLACE "${line}\n" "${edited}\n" text2 "${text}")
+  file(WRITE ${file} "${text2}")
+  set(${var} "${edited}" PARENT_SCOPE)
+endfunction()
+
+set(x_ok1 "files match the tables")
+set(x_ok2 "states.h matches the tables")
+set(x_regen1 "Regenerate them with")
+set(x_regen2 "--target fsm-docs")
 
 # 1. An exact copy passes (so the failures below come from the edits).
 fresh_copy()
-run_check(0 "match fsm/comm.def" "unmodified copy")
+run_check("unmodified copy" 0 x_ok1 x_ok2)
 
-# 2. One legality cell edited by hand in fsm-tables.md: in the matrix,
-#    (CLOSED, RELEASE) ALLOW -> DEFER.
-fresh_copy()
-file(READ ${WORK}/fsm-tables.md md)
-string(REGEX MATCH "\n\\| `CLOSED` \\|[^\n]*\\| ALLOW \\|\n" row "${md}")
-if(NOT row)
-  message(FATAL_ERROR "drift_selftest: the CLOSED row of the legality matrix was not found")
-endif()
-string(REGEX REPLACE "\\| ALLOW \\|\n$" "| DEFER |\n" row2 "${row}")
-string(REPLACE "${row}" "${row2}" md2 "${md}")
-file(WRITE ${WORK}/fsm-tables.md "${md2}")
-run_check(1 "fsm-tables.md drifted.*\n-\\| `CLOSED` \\|[^\n]*\\| DEFER \\|\n\\+\\| `CLOSED` \\|[^\n]*\\| ALLOW \\|\n.*--target fsm-docs"
-  "edited fsm-tables.md")
+# One line of a fresh copy edited by hand: the first line of WORK/`name`
+# that begins with a match of `regex`, its first `from` replaced by `to`.
+# --check must show the line as diff -u does and name the file.
+function(check_edit name regex from to)
+  fresh_copy()
+  first_line(${WORK}/${name} "${regex}" line)
+  edit_line(${WORK}/${name} "${line}" "${from}" "${to}" edited)
+  set(x_diff "\n-${edited}\n+${line}\n")
+  get_filename_component(base ${name} NAME)
+  set(x_what "${base} drifted")
+  run_check("edited ${name}" 1 x_diff x_what x_regen1 x_regen2)
+endfunction()
 
-# 3. A transition label edited in fsm.dot (and tables intact).
-fresh_copy()
-file(READ ${WORK}/fsm.dot dot)
-string(REPLACE "INIT / accept_init (R1)" "INIT / accept_init (R9)" dot2 "${dot}")
-if(dot2 STREQUAL dot)
-  message(FATAL_ERROR "drift_selftest: the NEW -> INIT_QUEUED edge (INIT / accept_init) was not found in fsm.dot")
-endif()
-file(WRITE ${WORK}/fsm.dot "${dot2}")
-run_check(1 "fsm.dot drifted" "edited fsm.dot")
+# 2. One legality cell of fsm-tables.md: the first ALLOW cell of the matrix
+#    (the first line with one) becomes DEFER.
+check_edit(docs/fsm-tables.md "[^\n]*\\| ALLOW \\|" "| ALLOW |" "| DEFER |")
+# 3. An edge label of fsm-comm.dot (the tables intact).
+check_edit(docs/fsm-comm.dot "  [A-Z_]+ -> [A-Z_]+ [^\n]*label=<" "label=<" "label=<x")
+# 4. The header: the first flag's value.
+check_edit(states.h "#define NCFSM_SF_" " 0x" " 0x1")
 
-# 4. A missing file.
+# 5. A missing file.
 fresh_copy()
-file(REMOVE ${WORK}/fsm.dot)
-run_check(1 "fsm.dot is missing" "missing fsm.dot")
+file(REMOVE ${WORK}/docs/fsm-comm-happy.dot)
+set(x_what "fsm-comm-happy.dot is missing")
+run_check("missing fsm-comm-happy.dot" 1 x_what x_regen1 x_regen2)
+
+# 6. A diagram that no machine makes (a machine removed or renamed).
+fresh_copy()
+file(WRITE ${WORK}/docs/fsm-gone.svg "<svg/>\n")
+set(x_what "fsm-gone.svg is made by no machine of the tables: remove it")
+run_check("stale fsm-gone.svg" 1 x_what x_regen1 x_regen2)
 
 file(REMOVE_RECURSE ${WORK})
 message("drift_selftest: fsm2dot --check reports every drift")
