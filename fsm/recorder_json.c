@@ -42,6 +42,14 @@ static json_t *j_hex(uint64_t v, int addr) {
   return json_string(b);
 }
 
+/* nranks seqs, NCFSM__REC_SEQ_NONE written as null. */
+static json_t *j_seqs(const uint64_t *v, int nranks, int *bad) {
+  json_t *a = json_array();
+  for (int i = 0; a && i < nranks; i++)
+    if (json_array_append_new(a, v[i] == NCFSM__REC_SEQ_NONE ? json_null() : j_u64(v[i], bad)) != 0) (*bad)++;
+  return a;
+}
+
 /* Writes member key of object o, whose value is P##key (TOP_key for the
  * dump, ENT_key for an entry); need (REQ, NULLABLE, OPT) is the row's. */
 #define PUT_REQ(o, P, key) jset(o, #key, P##key, &bad);
@@ -125,6 +133,8 @@ static json_t *entries_json(const ncfsm__rec_entry *e, unsigned n, int *badp) {
 #define TOP_rolling_hash j_hex(m->rolling_hash, 0)
 #define TOP_capacity json_integer(m->capacity)
 #define TOP_total j_u64(m->total, &bad)
+#define HAS_TOP_peer_next_seq (m->peer_next_seq != NULL)
+#define TOP_peer_next_seq j_seqs(m->peer_next_seq, m->nranks, &bad)
 #define TOP_entries entries_json(e, n, &bad)
 
 char *ncfsm__rec_json_text(const ncfsm__rec_meta *m, const ncfsm__rec_entry *e, unsigned n,

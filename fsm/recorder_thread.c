@@ -91,7 +91,7 @@ static void *dump_main(void *unused) {
   return NULL;
 }
 
-/* One allocation: the job, the entries, dir and the meta strings. */
+/* One allocation: the job, the entries, the meta's peer seqs, dir and its strings. */
 static rec_job *job_new(const char *dir, const ncfsm__rec_meta *m, const ncfsm__rec_entry *e,
                         unsigned n) {
   const char *strs[] = {dir, nz(m->comm_name), nz(m->backend), nz(m->reason), nz(m->state),
@@ -99,13 +99,16 @@ static rec_job *job_new(const char *dir, const ncfsm__rec_meta *m, const ncfsm__
   size_t slen = 0;
   for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) slen += strlen(strs[i]) + 1;
   size_t esz = (size_t)n * sizeof(ncfsm__rec_entry);
-  rec_job *j = malloc(sizeof *j + esz + slen);
+  size_t psz = m->peer_next_seq ? (size_t)m->nranks * sizeof(uint64_t) : 0;
+  rec_job *j = malloc(sizeof *j + esz + psz + slen);
   if (!j) return NULL;
   memset(j, 0, sizeof *j);
   j->e = (ncfsm__rec_entry *)(void *)(j + 1);
   if (n) memcpy(j->e, e, esz);
   j->n = n;
-  char *s = (char *)(j + 1) + esz;
+  uint64_t *peers = (uint64_t *)(void *)((char *)(j + 1) + esz);
+  if (psz) memcpy(peers, m->peer_next_seq, psz);
+  char *s = (char *)(j + 1) + esz + psz;
   char *copies[sizeof strs / sizeof strs[0]];
   for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
     size_t l = strlen(strs[i]) + 1;
@@ -120,6 +123,7 @@ static rec_job *job_new(const char *dir, const ncfsm__rec_meta *m, const ncfsm__
   j->m.reason = copies[3];
   j->m.state = copies[4];
   j->m.failure = copies[5];
+  j->m.peer_next_seq = psz ? peers : NULL;
   return j;
 }
 

@@ -8,10 +8,13 @@
  * A DIR contributes its files named ncfsm_fr_*.json; a FILE is read whatever
  * its name. The dumps are grouped by comm_id; for each communicator:
  *   1. the ranks agree on nranks, and every rank has a dump;
- *   2. the collectives are walked by seq across ranks; the first seq where
- *      the fingerprints differ (op, count, dtype, root, redop), where some
- *      ranks launched it and others never did, where it failed, or where it
- *      completed on some ranks and not on others, is the verdict;
+ *   2. the collectives are walked by seq across ranks, those launched and
+ *      those submitted that waited for the others: the first seq where the
+ *      fingerprints differ (op, count, dtype, root, redop) is the verdict;
+ *      then, before it (or anywhere without one), the first seq where some
+ *      ranks launched it and others never did (each with its last seq; a
+ *      rank without a dump as the others' peer_next_seq saw it), where it
+ *      failed, or where it completed on some ranks and not on others;
  *   3. ranks with the same next_seq must have the same rolling_hash: this
  *      covers the history that rings which wrapped no longer hold;
  *   4. every SEND r->p with per-peer seq s pairs with the RECV on p from r
@@ -39,8 +42,10 @@ static void usage(FILE *f) {
           "  Reads ncfsm flight recorder dumps (DIR: its " NCFSM_DUMP_PREFIX "*" NCFSM_DUMP_SUFFIX
           " files) of all ranks and names\n"
           "  the first divergence per communicator: a fingerprint mismatch (op, count, dtype,\n"
-          "  root, redop), ranks that never reached a seq, failed works, partial progress,\n"
-          "  rolling-hash mismatches, unmatched or mismatched send/recv, missing dumps.\n"
+          "  root, redop: every seq is compared first), ranks that never reached a seq (with\n"
+          "  the last seq each reached), failed works, partial progress, rolling-hash\n"
+          "  mismatches, unmatched or mismatched send/recv, missing dumps; and which seqs\n"
+          "  each rank's ring holds when they differ.\n"
           "  --json     one JSON object instead of text (schema: docs/troubleshooting.md)\n"
           "  --comm ID  only the communicator with this comm_id (16 hex digits)\n"
           "  exit status: 0 consistent, 1 a problem found, 2 usage, I/O or format error\n");

@@ -64,6 +64,8 @@ static void make_entries(ncfsm__rec_entry *e) {
   }
 }
 
+static const uint64_t peer_seqs[3] = {43, NCFSM__REC_SEQ_NONE, 41};
+
 static ncfsm__rec_meta make_meta(int rank) {
   ncfsm__rec_meta m = {
       .rank = rank,
@@ -82,6 +84,7 @@ static ncfsm__rec_meta make_meta(int rank) {
       .time_ns = 2000000,
       .timeout_ms = 6000,
       .formats = NCFSM__REC_FMT_JSON,
+      .peer_next_seq = peer_seqs,
   };
   return m;
 }
@@ -107,6 +110,7 @@ static ncfsm__rec_meta make_meta(int rank) {
 #define WANT_rolling_hash "fedcba9876543210"
 #define WANT_capacity (long long)m->capacity
 #define WANT_total (long long)m->total
+#define WANT_peer_next_seq m->peer_next_seq
 #define WANT_entries N_ENTRIES
 /* An entry's (x: the entry written). */
 #define WANT_ENT_id (long long)x->id
@@ -135,14 +139,25 @@ static void expect_int(const char *what, long long got, long long want) {
   if (got != want) fail_msg("%s: read as %lld, written %lld", what, got, want);
 }
 
+static void expect_seqs(const char *what, const long long *got, size_t n, const uint64_t *want, int nranks) {
+  if (!want || !got) {
+    if (want || got) fail_msg("%s: read as %s, written %s", what, got ? "present" : "absent", want ? "present" : "absent");
+    return;
+  }
+  expect_int(what, (long long)n, nranks);
+  for (int i = 0; i < nranks; i++)
+    expect_int(what, got[i], want[i] == NCFSM__REC_SEQ_NONE ? NONE : (long long)want[i]);
+}
+
 /* One comparison per type of fsm/dump.def; names: the row's name list. */
-#define SAME_STR(what, got, names, want) expect_str(what, got, want)
-#define SAME_INT(what, got, names, want) expect_int(what, got, want)
-#define SAME_RANK(what, got, names, want) expect_int(what, got, want)
-#define SAME_TIME(what, got, names, want) expect_int(what, got, want)
-#define SAME_HEX(what, got, names, want) expect_str(what, got, want)
-#define SAME_NAME(what, got, names, want) expect_str(what, opt_name(TRACE_NAMES_##names, got), want)
-#define SAME_ENTRIES(what, got, names, want) expect_int(what, (long long)d->n_entries, want)
+#define SAME_STR(what, s, key, names, want) expect_str(what, (s)->key, want)
+#define SAME_INT(what, s, key, names, want) expect_int(what, (s)->key, want)
+#define SAME_RANK(what, s, key, names, want) expect_int(what, (s)->key, want)
+#define SAME_TIME(what, s, key, names, want) expect_int(what, (s)->key, want)
+#define SAME_HEX(what, s, key, names, want) expect_str(what, (s)->key, want)
+#define SAME_NAME(what, s, key, names, want) expect_str(what, opt_name(TRACE_NAMES_##names, (s)->key), want)
+#define SAME_SEQS(what, s, key, names, want) expect_seqs(what, (s)->key, (s)->n_##key, want, (s)->nranks)
+#define SAME_ENTRIES(what, s, key, names, want) expect_int(what, (long long)(s)->n_##key, want)
 
 /* s when it is a UTC time of the form 2026-12-01T22:47:34Z. */
 static const char *iso_time(const char *s) {
@@ -157,7 +172,7 @@ static const char *iso_time(const char *s) {
 static void expect_dump(const dump *d, const ncfsm__rec_meta *m, const ncfsm__rec_entry *written) {
   char host[256] = "";
   gethostname(host, sizeof host - 1);
-#define NCFSM_DUMP_TOP(key, type, names, need, lo, hi) SAME_##type(#key, d->key, names, WANT_##key);
+#define NCFSM_DUMP_TOP(key, type, names, need, lo, hi) SAME_##type(#key, d, key, names, WANT_##key);
 #include "fsm/dump.def"
   for (size_t i = 0; i < d->n_entries; i++) {
     const ncfsm__rec_entry *x = &written[i];
@@ -166,7 +181,7 @@ static void expect_dump(const dump *d, const ncfsm__rec_meta *m, const ncfsm__re
     snprintf(stream, sizeof stream, "0x%llx", (unsigned long long)x->stream);
 #define NCFSM_DUMP_ENTRY(key, type, names, need, lo, hi) \
   snprintf(what, sizeof what, "entries[%zu].%s", i, #key); \
-  SAME_##type(what, e->key, names, WANT_ENT_##key);
+  SAME_##type(what, e, key, names, WANT_ENT_##key);
 #include "fsm/dump.def"
   }
 }
@@ -221,6 +236,7 @@ static void test_empty_members(void **state) {
   m.capacity = 4;
   m.total = 0;
   m.next_seq = 0;
+  m.peer_next_seq = NULL;
   assert_int_equal(ncfsm__rec_write(dir, &m, NULL, 0), NCFSM_OK);
   char path[4096];
   assert_int_equal(ncfsm__rec_paths(dir, &m, path, sizeof path, NULL, 0), NCFSM_OK);
@@ -230,8 +246,34 @@ static void test_empty_members(void **state) {
   assert_string_equal(d.failure, "");
   assert_int_equal(d.n_entries, 0);
   assert_int_equal(d.next_seq, 0);
+  assert_null(d.peer_next_seq); /* left out, not written as null */
   dump_free(&d);
   remove_dump_dir(dir, &m, 1);
+}
+
+/* The dump thread writes its own copy of the meta's peer seqs: the
+ * caller's array may change as soon as ncfsm__rec_dump_async returns. */
+static void test_async_copies_peer_seqs(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  ncfsm__rec_entry e[N_ENTRIES];
+  make_entries(e);
+  uint64_t peers[3] = {43, 40, NCFSM__REC_SEQ_NONE};
+  ncfsm__rec_meta m = make_meta(2);
+  m.peer_next_seq = peers;
+  assert_int_equal(ncfsm__rec_dump_async(dir, &m, e, N_ENTRIES, NULL, NULL), NCFSM_OK);
+  peers[0] = peers[1] = peers[2] = 7;
+  ncfsm__rec_shutdown();
+  char path[4096];
+  assert_int_equal(ncfsm__rec_paths(dir, &m, path, sizeof path, NULL, 0), NCFSM_OK);
+  dump d;
+  assert_int_equal(load_dump(path, &d), 0);
+  assert_int_equal(d.n_peer_next_seq, 3);
+  assert_int_equal(d.peer_next_seq[0], 43);
+  assert_int_equal(d.peer_next_seq[1], 40);
+  assert_true(d.peer_next_seq[2] == NONE);
+  dump_free(&d);
+  remove_dump_dir(dir, &m, 3);
 }
 
 /* Three ranks with the same history: ncfsm-trace finds them consistent. */
@@ -282,6 +324,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_member),
       cmocka_unit_test(test_empty_members),
+      cmocka_unit_test(test_async_copies_peer_seqs),
       cmocka_unit_test(test_analysed_consistent),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

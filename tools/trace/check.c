@@ -69,6 +69,87 @@ static void check_hashes(comm *c) {
   free(done);
 }
 
+/* When the ranks' rings start at different seqs (some lost history that
+ * others hold) or do not overlap: which seqs each holds, and that before
+ * the seqs every ring holds the ranks cannot all be compared. */
+static void note_rings(comm *c) {
+  size_t nd = c->nd;
+  long long *lo = xcalloc(nd, sizeof *lo), *hi = xcalloc(nd, sizeof *hi), *key = xcalloc(nd, sizeof *key);
+  int *r = xcalloc(nd, sizeof *r), differ = 0;
+  for (size_t i = 0; i < nd; i++) {
+    const dump *d = c->d[i];
+    r[i] = d->rank;
+    lo[i] = d->ncoll ? d->lo : NONE;
+    hi[i] = d->ncoll ? d->next_seq - 1 : NONE;
+    key[i] = (long long)i;
+    for (size_t j = 0; j < i; j++)
+      if (lo[j] == lo[i] && hi[j] == hi[i]) {
+        key[i] = key[j];
+        break;
+      }
+    differ |= lo[i] != lo[0];
+  }
+  if (differ || (c->cmp_lo == NONE && nd > 1 && c->max_next > 0)) {
+    vgroup *g;
+    size_t ng = group_values(r, key, nd, &g);
+    sbuf t = {0};
+    json_t *jr = json_array();
+    check_json(jr);
+    sb_printf(&t, "%s: ", c->cmp_lo == NONE ? "the rings do not overlap" : "the rings start at different seqs");
+    for (size_t i = 0; i < ng; i++) {
+      size_t at = (size_t)g[i].v;
+      if (i) sb_printf(&t, ", ");
+      sb_ranks(&t, g[i].r, g[i].n);
+      sb_printf(&t, " ");
+      if (lo[at] == NONE)
+        sb_printf(&t, "no collective");
+      else
+        sb_seqs(&t, lo[at], hi[at]);
+      json_array_append_new(jr, json_pack("{s:o, s:o, s:o}", "ranks", json_ranks(g[i].r, g[i].n), "first_seq",
+                                          jseq(lo[at]), "last_seq", jseq(hi[at])));
+    }
+    if (c->cmp_lo == NONE) {
+      sb_printf(&t, "; no seq is on every ring: %s", nd == 2 ? "no fingerprint can be compared across the ranks"
+                                                            : "no seq can be compared on every rank");
+    } else {
+      sb_printf(&t, "; every ring holds ");
+      sb_seqs(&t, c->cmp_lo, c->cmp_hi);
+      sb_printf(&t, ": before seq %lld %s", c->cmp_lo,
+                nd == 2 ? "nothing is compared" : "only the ranks that still hold a seq are compared");
+    }
+    json_t *jc = c->cmp_lo == NONE ? json_null()
+                                   : json_pack("{s:I, s:I}", "first_seq", (json_int_t)c->cmp_lo, "last_seq",
+                                               (json_int_t)c->cmp_hi);
+    add_note(c, json_pack("{s:s, s:o, s:o}", "kind", "rings", "rings", jr, "common", jc), "%s", t.p);
+    free(t.p);
+    free_groups(g, ng);
+  }
+  free(lo);
+  free(hi);
+  free(key);
+  free(r);
+}
+
+/* The comm's view of every rank: its dump, or what the others' dumps last
+ * learned of it (peer_next_seq). */
+static void index_ranks(comm *c) {
+  size_t n = (size_t)c->nranks;
+  c->by_rank = xcalloc(n, sizeof *c->by_rank);
+  c->view = xcalloc(n, sizeof *c->view);
+  c->view_from = xcalloc(n, sizeof *c->view_from);
+  for (size_t i = 0; i < c->nd; i++) c->by_rank[c->d[i]->rank] = c->d[i];
+  for (size_t r = 0; r < n; r++) {
+    c->view[r] = NONE;
+    c->view_from[r] = -1;
+    if (c->by_rank[r]) continue;
+    for (size_t i = 0; i < c->nd; i++) {
+      const dump *d = c->d[i];
+      long long v = d->peer_next_seq ? d->peer_next_seq[r] : NONE;
+      if (v != NONE && (c->view[r] == NONE || v > c->view[r])) c->view[r] = v, c->view_from[r] = d->rank;
+    }
+  }
+}
+
 void analyse(comm *c) {
   c->cmp_lo = c->cmp_hi = c->checked_lo = c->checked_hi = NONE;
   c->jnotes = json_array();
@@ -99,29 +180,30 @@ void analyse(comm *c) {
   free(r);
   free(v);
   if (c->nranks < 0) return;
+  index_ranks(c);
   /* the seqs every rank holds, and lost history */
   for (size_t i = 0; i < c->nd; i++) {
     const dump *d = c->d[i];
     long long lo = d->ncoll ? d->lo : d->next_seq, hi = d->next_seq - 1;
     if (i == 0 || lo > c->cmp_lo) c->cmp_lo = lo;
     if (i == 0 || hi < c->cmp_hi) c->cmp_hi = hi;
+    if (d->next_seq > c->max_next) c->max_next = d->next_seq;
     if (lo > 0)
       add_note(c, json_pack("{s:s, s:i, s:I}", "kind", "history_lost", "rank", d->rank, "before_seq", (json_int_t)lo),
                "rank %d: history before seq %lld is lost (its ring of %lld entries wrapped after %lld records)",
                d->rank, lo, d->capacity, d->total);
   }
   if (c->cmp_lo > c->cmp_hi) c->cmp_lo = c->cmp_hi = NONE;
+  note_rings(c);
   walk_collectives(c);
   size_t ncoll_findings = c->nf;
   if (ncoll_findings == 0) check_hashes(c);
   walk_p2p(c);
   /* missing dumps */
-  char *present = xcalloc((size_t)c->nranks, 1);
-  for (size_t i = 0; i < c->nd; i++) present[c->d[i]->rank] = 1;
   int *miss = xcalloc((size_t)c->nranks, sizeof *miss);
   size_t nm = 0;
   for (int i = 0; i < c->nranks; i++)
-    if (!present[i]) miss[nm++] = i;
+    if (!c->by_rank[i]) miss[nm++] = i;
   if (nm) {
     sbuf t = {0};
     sb_printf(&t, "missing dumps: ");
@@ -130,10 +212,8 @@ void analyse(comm *c) {
     add_finding(c, F_MISSING_DUMP, sb_take(&t), NULL,
                 json_pack("{s:o, s:o}", "seq", json_null(), "ranks", json_ranks(miss, nm)));
   }
-  free(present);
   free(miss);
 }
-
 
 void comm_free(comm *c) {
   for (size_t j = 0; j < c->nf; j++) {
@@ -145,4 +225,7 @@ void comm_free(comm *c) {
   free(c->d);
   free(c->notes.p);
   json_decref(c->jnotes);
+  free(c->by_rank);
+  free(c->view);
+  free(c->view_from);
 }

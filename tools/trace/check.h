@@ -46,6 +46,13 @@ typedef struct comm {
   size_t p2p_pairs;                 /* send/recv pairs compared */
   int hash_checked;                 /* ranks sharing next_seq had their hashes compared */
   long long max_next;               /* the highest next_seq among the dumps */
+  /* by rank (nranks of each, set once nranks is known): the rank's dump or
+   * NULL; for a rank without a dump, its next_seq as the other ranks last
+   * learned it (the largest of their peer_next_seq, NONE when none says),
+   * and the rank that said so */
+  const dump **by_rank;
+  long long *view;
+  int *view_from;
 } comm;
 
 /* Runs every check on c (its dumps sorted by rank): c->f gets the findings,
@@ -57,6 +64,35 @@ void comm_free(comm *c);
 void walk_collectives(comm *c);
 void walk_p2p(comm *c);
 const dump *rank_dump(const comm *c, int rank); /* NULL when rank has no dump */
+
+/* What each rank shows at one seq k of the collective walk (check_coll.c
+ * builds it, check_seq.c judges it). Ranks ascending in each list. */
+typedef struct at_seq {
+  long long k;
+  /* the ranks that hold an entry for k: launched, or (sub[i]) submitted and
+   * never launched (dump.queued) */
+  int *er;
+  const entry **ee;
+  const dump **ed;
+  int *sub;
+  size_t ne;
+  int *lr; /* launched it, but the record is lost */
+  size_t nl;
+  /* never launched it: last[i] is the rank's last seq (NONE: none); from[i]
+   * is -1 when its own dump says so, else the rank whose peer_next_seq does
+   * (the rank has no dump) */
+  int *nr;
+  long long *last;
+  int *from;
+  size_t nn;
+} at_seq;
+
+/* Each returns 1 and fills t (the finding's line), det (further lines) and
+ * *x (its JSON members) when seq s->k shows that divergence. */
+int seq_mismatch(const comm *c, const at_seq *s, sbuf *t, sbuf *det, json_t **x);
+int seq_not_reached(const comm *c, const at_seq *s, sbuf *t, sbuf *det, json_t **x);
+int seq_failed(const comm *c, const at_seq *s, sbuf *t, sbuf *det, json_t **x);
+int seq_partial(const comm *c, const at_seq *s, sbuf *t, sbuf *det, json_t **x);
 
 /* ---- findings (findings.c) ------------------------------------------------------------ */
 /* Appends a finding (takes text, detail and extra: its members are added to

@@ -124,6 +124,40 @@ static int get_name(perr *pe, const json_t *o, const char *ctx, const char *key,
   return -1;
 }
 
+/* An array of n integers in [min, max] or null (NONE); *out NULL when absent or null and allowed. */
+static int get_seqs(perr *pe, const json_t *o, const char *ctx, const char *key, int required, int nullable,
+                    long long min, long long max, size_t n, long long **out, size_t *nout) {
+  const json_t *v;
+  *out = NULL;
+  *nout = 0;
+  if (member(pe, o, ctx, key, required, nullable, "an array", &v) < 0) return -1;
+  if (!v) return 0;
+  if (!json_is_array(v))
+    return fail(pe, "%s%s'%s' is %s, expected an array", ctx, *ctx ? ": " : "", key, json_type_text(v));
+  if (json_array_size(v) != n)
+    return fail(pe, "%s%s'%s' holds %zu values, expected %zu (one per rank)", ctx, *ctx ? ": " : "", key,
+                json_array_size(v), n);
+  long long *a = xcalloc(n, sizeof *a);
+  for (size_t i = 0; i < n; i++) {
+    const json_t *x = json_array_get(v, i);
+    if (json_is_null(x)) {
+      a[i] = NONE;
+    } else if (!json_is_integer(x) || json_integer_value(x) < min || json_integer_value(x) > max) {
+      free(a);
+      if (!json_is_integer(x))
+        return fail(pe, "%s%s'%s'[%zu] is %s, expected an integer or null", ctx, *ctx ? ": " : "", key, i,
+                    json_type_text(x));
+      return fail(pe, "%s%s'%s'[%zu] is %lld, expected %lld..%lld", ctx, *ctx ? ": " : "", key, i,
+                  (long long)json_integer_value(x), min, max);
+    } else {
+      a[i] = json_integer_value(x);
+    }
+  }
+  *out = a;
+  *nout = n;
+  return 0;
+}
+
 /* The schema's columns as the calls above take them. */
 #define NEED_REQ 1, 0
 #define NEED_NULLABLE 1, 1
@@ -151,6 +185,8 @@ static int get_name(perr *pe, const json_t *o, const char *ctx, const char *key,
 #define READ_TIME(o, ctx, s, key, names, need, lo, hi)                           \
   if (get_int(pe, o, ctx, #key, 0, 0, 0, LLONG_MAX, &(s)->key) < 0) return -1; \
   if ((s)->key == NONE) (s)->key = 0;
+#define READ_SEQS(o, ctx, s, key, names, need, lo, hi) \
+  if (get_seqs(pe, o, ctx, #key, NEED_##need, lo, hi, (size_t)NRANKS, &(s)->key, &(s)->n_##key) < 0) return -1;
 #define READ_ENTRIES(o, ctx, s, key, names, need, lo, hi) /* parse_entries, after the other members */
 
 /* ---- one entry ---------------------------------------------------------------------------- */
@@ -224,6 +260,12 @@ static int index_dump(perr *pe, dump *d) {
   if (rc == 0 && !d->ncoll && !d->wrapped && d->next_seq > 0)
     rc = fail(pe, "next_seq is %lld but the ring, which did not wrap, holds no launched collective", d->next_seq);
   d->lo = d->ncoll ? d->coll[0]->seq : NONE;
+  long long after = d->ncoll ? d->coll[d->ncoll - 1]->id : -1;
+  d->queued = xcalloc(d->n_entries, sizeof *d->queued);
+  for (size_t i = 0; i < d->n_entries; i++) {
+    const entry *e = &d->entries[i];
+    if (e->id > after && e->seq == NONE && is_coll(e) && is_waiting(e)) d->queued[d->nqueued++] = e;
+  }
   qsort(p2p, np2p, sizeof *p2p, cmp_entry_chan);
   for (size_t i = 0; rc == 0 && i < np2p;) {
     size_t j = i;
@@ -325,6 +367,7 @@ void dump_free(dump *d) {
   free(d->path);
   free(d->entries);
   free(d->coll);
+  free(d->queued);
   for (size_t i = 0; i < d->nchans; i++) free(d->chans[i].e);
   free(d->chans);
 }

@@ -19,7 +19,7 @@ static void sb_consistent(sbuf *b, const comm *c) {
     sb_seqs(&t, c->cmp_lo, c->cmp_hi);
     sb_printf(&t, " match%s on every rank", c->cmp_lo == c->cmp_hi ? "es" : "");
   } else
-    sb_printf(&t, "the rings hold no seq in common");
+    sb_printf(&t, "the rings do not overlap, no fingerprint could be compared");
   if (c->hash_checked && ns > 0) sb_printf(&t, "; rolling hashes agree at next_seq %lld", ns);
   if (c->p2p_pairs) sb_printf(&t, "; %zu send/recv pair%s match", c->p2p_pairs, c->p2p_pairs == 1 ? "" : "s");
   sb_printf(b, "%s", t.p);
@@ -65,6 +65,11 @@ static json_t *rank_json(const dump *d) {
       (json_int_t)d->capacity, "total", (json_int_t)d->total, "entries", (json_int_t)d->n_entries, "wrapped",
       d->wrapped, "first_seq", jseq(d->lo), "last_seq", jseq(d->ncoll ? d->next_seq - 1 : NONE));
   check_json(o);
+  json_t *peers = d->peer_next_seq ? json_array() : json_null();
+  check_json(peers);
+  for (size_t i = 0; d->peer_next_seq && i < d->n_peer_next_seq; i++)
+    json_array_append_new(peers, jseq(d->peer_next_seq[i]));
+  json_object_set_new(o, "peer_next_seq", peers);
   return o;
 }
 

@@ -113,6 +113,13 @@ typedef struct dump {
   const entry **coll; /* launched collectives, sorted by seq (consecutive) */
   size_t ncoll;
   long long lo; /* seq of coll[0], NONE when ncoll == 0 */
+  /* The collectives submitted after the last launched one that waited for
+   * the other ranks (not final, or ended TIMED_OUT, ABORTED or MISMATCH
+   * without a launch), in order: they would have taken next_seq,
+   * next_seq + 1, ... (a work refused for itself, or failed in its group,
+   * takes none) */
+  const entry **queued;
+  size_t nqueued;
   chan *chans;
   size_t nchans;
 } dump;
@@ -121,6 +128,11 @@ static inline int is_coll(const entry *e) { return e->op != NCFSM_KIND_SEND && e
 static inline int is_completed(const entry *e) { return e->result == NCFSM_OK; }
 static inline int is_failed(const entry *e) { return e->result >= 0 && e->result != NCFSM_OK; }
 static inline int is_pending(const entry *e) { return e->result < 0; }
+/* A work never launched that waited for the other ranks (see dump.queued). */
+static inline int is_waiting(const entry *e) {
+  return is_pending(e) || e->result == NCFSM_ERR_TIMEOUT || e->result == NCFSM_ERR_ABORTED ||
+         e->result == NCFSM_ERR_MISMATCH;
+}
 static inline long long last_seq(const dump *d) { return d->next_seq ? d->next_seq - 1 : NONE; }
 
 /* ---- the reader (reader.c) ------------------------------------------------------------ */
