@@ -148,7 +148,7 @@ static int group_comms(dump *dumps, size_t n, const options *o, comm **out, size
     fprintf(stderr, "\n");
     rc = 2;
   }
-  qsort(comms, ncomms, sizeof *comms, cmp_comm);
+  if (ncomms) qsort(comms, ncomms, sizeof *comms, cmp_comm);
   for (size_t i = 0; i < ncomms; i++) qsort(comms[i].d, comms[i].nd, sizeof *comms[i].d, cmp_dump_rank);
   *out = comms;
   *nout = ncomms;
