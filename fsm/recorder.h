@@ -90,6 +90,13 @@ typedef struct ncfsm__rec_meta {
   uint64_t time_ns;        /* CLOCK_MONOTONIC when the snapshot was taken */
   uint64_t timeout_ms;     /* the comm's default deadline, PyTorch's timeout_ms; 0 = none */
   unsigned formats;        /* NCFSM__REC_FMT_* bits; 0 = JSON and PyTorch */
+  /* Optional (NULL = not known, left out of the dump): nranks values, by
+   * rank, the next_seq of each rank as this rank last learned it (its
+   * verification exchanges, a peer's failure notice): what names the ranks
+   * that did not arrive when their own dumps are missing. Its own entry is
+   * its next_seq; NCFSM__REC_SEQ_NONE for a rank it has heard nothing from.
+   * Copied by ncfsm__rec_dump_async. */
+  const uint64_t *peer_next_seq;
 } ncfsm__rec_meta;
 
 /* The paths a dump of m into dir writes (no I/O). NCFSM_ERR_INVALID_ARGUMENT

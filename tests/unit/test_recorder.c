@@ -1,9 +1,9 @@
 /*
- * The flight recorder (fsm/recorder.c): ring, JSON and PyTorch dumps, the
- * dump thread. The module is included whole so that the file-local pickle
+ * The flight recorder (fsm/recorder*.c): ring, JSON and PyTorch dumps, the
+ * dump thread. Its files are included whole so that the file-local pickle
  * writer can be tested directly; nothing else of the library's recorder is
- * linked in (the static library's copy, once it has one, is not pulled: every
- * symbol it would provide is defined here).
+ * linked in (the static library's copy is not pulled: every symbol it would
+ * provide is defined here).
  *
  * The PyTorch dumps are read back by Python's own pickle module
  * (tests/unit/check_fr_dump.py, next to this file); those tests are skipped
@@ -11,6 +11,10 @@
  */
 #define _GNU_SOURCE /* strptime */
 #include "fsm/recorder.c"
+#include "fsm/recorder_json.c"
+#include "fsm/recorder_thread.c"
+#include "fsm/recorder_torch.c"
+#include "fsm/recorder_write.c"
 
 #include <dirent.h>
 #include <pthread.h>
