@@ -1,11 +1,11 @@
 /*
  * What the nccl backend found when it loaded NCCL and the CUDA runtime with
- * dlopen (core/backend_nccl.c). For tools (ncfsm-info) and diagnostics; the
+ * dlopen (core/nccl_load.c). For tools (ncfsm-info) and diagnostics; the
  * engine only uses the ncfsm__backend table. Plain C: no CUDA or NCCL types,
  * so a program can include it without the CUDA include directory.
  *
  * Only declared in builds with NCFSM_HAVE_NCCL (the functions live in
- * core/backend_nccl.c).
+ * core/nccl_load.c and core/nccl_device.c).
  */
 #ifndef NCFSM_CORE_NCCL_DL_H
 #define NCFSM_CORE_NCCL_DL_H
@@ -21,7 +21,7 @@ extern "C" {
 #define NCFSM__NCCL_WHY_MAX 512
 
 typedef struct ncfsm__nccl_info {
-  /* Build time: the headers backend_nccl.c was compiled with. */
+  /* Build time: the headers the backend was compiled with. */
   int header_nccl_version;   /* NCCL_VERSION_CODE */
   int header_cudart_version; /* CUDART_VERSION */
 

@@ -1,0 +1,286 @@
+/*
+ * The nccl backend's loading (docs/nccl-backend.md): libnccl.so.2 and the
+ * CUDA runtime are opened with dlopen once per process and their entry
+ * points resolved with dlsym into the tables of core/nccl_internal.h, typed
+ * from the headers' prototypes. Nothing links libnccl or libcudart, so one
+ * binary built against the NCCL 2.28.9 headers runs with the GPU host's
+ * system NCCL 2.28.3 or the torch wheel's, whichever LD_LIBRARY_PATH finds
+ * first. Entry points newer than the oldest supported runtime are optional
+ * (R6, R7): features() says which exist, and calling a missing one fails
+ * with ncclInvalidUsage and a last-error text naming the version that has it.
+ *
+ * Also here: the backend's own errors and the current device, per thread.
+ * All other calls come from the loop thread (R9), which may drive several
+ * GPUs: the device is set before every call that depends on the current
+ * device, with a per-thread cache of the device last set here.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dlinfo, dladdr, RTLD_NOLOAD */
+#endif
+
+#include <assert.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/nccl_internal.h"
+
+/* ---- the ABI contract with the headers -------------------------------------------- */
+
+static_assert(sizeof(ncfsm_unique_id) == sizeof(ncclUniqueId), "ncfsm_unique_id must be an ncclUniqueId");
+static_assert(NCFSM_UNIQUE_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "unique id size");
+static_assert(NCFSM__NCCL_SUCCESS == (int)ncclSuccess && NCFSM__NCCL_UNHANDLED_CUDA_ERROR == (int)ncclUnhandledCudaError &&
+                  NCFSM__NCCL_SYSTEM_ERROR == (int)ncclSystemError &&
+                  NCFSM__NCCL_INTERNAL_ERROR == (int)ncclInternalError &&
+                  NCFSM__NCCL_INVALID_ARGUMENT == (int)ncclInvalidArgument &&
+                  NCFSM__NCCL_INVALID_USAGE == (int)ncclInvalidUsage &&
+                  NCFSM__NCCL_REMOTE_ERROR == (int)ncclRemoteError && NCFSM__NCCL_IN_PROGRESS == (int)ncclInProgress,
+              "result codes equal ncclResult_t");
+static_assert(NCFSM_INT8 == (int)ncclInt8 && NCFSM_UINT8 == (int)ncclUint8 && NCFSM_INT32 == (int)ncclInt32 &&
+                  NCFSM_UINT32 == (int)ncclUint32 && NCFSM_INT64 == (int)ncclInt64 &&
+                  NCFSM_UINT64 == (int)ncclUint64 && NCFSM_FLOAT16 == (int)ncclFloat16 &&
+                  NCFSM_FLOAT32 == (int)ncclFloat32 && NCFSM_FLOAT64 == (int)ncclFloat64 &&
+                  NCFSM_BFLOAT16 == (int)ncclBfloat16,
+              "ncfsm_dtype_t equals ncclDataType_t");
+static_assert(NCFSM_OP_SUM == (int)ncclSum && NCFSM_OP_PROD == (int)ncclProd && NCFSM_OP_MAX == (int)ncclMax &&
+                  NCFSM_OP_MIN == (int)ncclMin && NCFSM_OP_AVG == (int)ncclAvg,
+              "ncfsm_redop_t equals ncclRedOp_t");
+static_assert(NCFSM__SPLIT_NOCOLOR == NCCL_SPLIT_NOCOLOR, "NCFSM__SPLIT_NOCOLOR equals NCCL_SPLIT_NOCOLOR");
+static_assert(NCFSM__SHRINK_DEFAULT == NCCL_SHRINK_DEFAULT && NCFSM__SHRINK_ABORT == NCCL_SHRINK_ABORT,
+              "shrink flags equal NCCL's");
+
+/* ---- load state (written once under pthread_once) ------------------------------------ */
+
+ncfsm__nccl_syms ncfsm__nc;
+ncfsm__cudart_syms ncfsm__rt;
+ncfsm__nccl_info ncfsm__nccl_found;
+static void *g_hnccl, *g_hcudart;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+/* ---- per-thread state -------------------------------------------------------------------- */
+
+_Thread_local int ncfsm__nccl_dev = -1;
+_Thread_local char ncfsm__nccl_err[512];
+_Thread_local int ncfsm__nccl_err_set;
+
+void ncfsm__nccl_own_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ncfsm__nccl_err, sizeof ncfsm__nccl_err, fmt, ap);
+  va_end(ap);
+  ncfsm__nccl_err_set = 1;
+}
+
+const char *ncfsm__nccl_cuda_err(cudaError_t e) {
+  return ncfsm__rt.cudaGetErrorString ? ncfsm__rt.cudaGetErrorString(e) : "unknown CUDA error";
+}
+
+int ncfsm__nccl_set_device(int dev) {
+  cudaError_t e = ncfsm__rt.cudaSetDevice(dev);
+  if (e != cudaSuccess) {
+    ncfsm__nccl_dev = -1;
+    (void)ncfsm__rt.cudaGetLastError();
+    ncfsm__nccl_own_error("cudaSetDevice(%d) failed: %s", dev, ncfsm__nccl_cuda_err(e));
+    return (int)e;
+  }
+  ncfsm__nccl_dev = dev;
+  return 0;
+}
+
+/* ---- versions --------------------------------------------------------------------------- */
+
+void ncfsm__nccl_version_str(int code, char *buf, size_t len) {
+  if (code <= 0) snprintf(buf, len, "unknown");
+  else if (code >= 10000) snprintf(buf, len, "%d.%d.%d", code / 10000, code % 10000 / 100, code % 100);
+  else snprintf(buf, len, "%d.%d.%d", code / 1000, code % 1000 / 100, code % 100);
+}
+
+/* ---- loading ------------------------------------------------------------------------------ */
+
+static void lib_path(void *h, void *sym, char *buf, size_t len) {
+  struct link_map *lm = NULL;
+  buf[0] = '\0';
+  if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0]) {
+    snprintf(buf, len, "%s", lm->l_name);
+    return;
+  }
+  Dl_info di;
+  if (sym && dladdr(sym, &di) && di.dli_fname) snprintf(buf, len, "%s", di.dli_fname);
+}
+
+const char *ncfsm__nccl_dl_error(void) {
+  const char *e = dlerror();
+  return e ? e : "unknown dlerror";
+}
+
+static void load_nccl(ncfsm__nccl_info *in) {
+  (void)dlerror();
+  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(in->nccl_why, sizeof in->nccl_why,
+             "libnccl.so.2 not found: %s (put the directory of libnccl.so.2 on LD_LIBRARY_PATH: the system "
+             "NCCL or the nvidia-nccl wheel's nvidia/nccl/lib)",
+             ncfsm__nccl_dl_error());
+    return;
+  }
+  const char *missing = NULL;
+#define RESOLVE(name) \
+  if (!missing && !(ncfsm__nc.name = (__typeof__(ncfsm__nc.name))dlsym(h, #name))) missing = #name;
+  NCCL_REQUIRED(RESOLVE)
+  RESOLVE(ncclGroupStart)
+  RESOLVE(ncclGroupEnd)
+#undef RESOLVE
+  lib_path(h, (void *)ncfsm__nc.ncclGetVersion, in->nccl_path, sizeof in->nccl_path);
+  if (missing) {
+    snprintf(in->nccl_why, sizeof in->nccl_why,
+             "libnccl.so.2 (%.300s) has no %s: not a supported NCCL (ncfsm needs NCCL >= 2.14 with "
+             "nonblocking communicators; tested on 2.28.x)",
+             in->nccl_path, missing);
+    memset(&ncfsm__nc, 0, sizeof ncfsm__nc);
+    dlclose(h);
+    in->nccl_path[0] = '\0';
+    return;
+  }
+  unsigned feats = 0;
+#define RESOLVE_OPT(name, bit, since) \
+  if ((ncfsm__nc.name = (__typeof__(ncfsm__nc.name))dlsym(h, #name)) != NULL) feats |= (bit);
+  NCCL_OPTIONAL(RESOLVE_OPT)
+#undef RESOLVE_OPT
+  ncfsm__nc.ncclCommGetUniqueId = (ncfsm__nccl_comm_get_unique_id_fn)dlsym(h, "ncclCommGetUniqueId");
+  ncfsm__nc.ncclCommGrow = (ncfsm__nccl_comm_grow_fn)dlsym(h, "ncclCommGrow");
+  if (ncfsm__nc.ncclCommGetUniqueId && ncfsm__nc.ncclCommGrow) feats |= NCFSM__HAS_GROW;
+  int v = 0;
+  if (ncfsm__nc.ncclGetVersion(&v) != ncclSuccess) v = 0;
+  g_hnccl = h;
+  in->nccl_loaded = 1;
+  in->nccl_version = v;
+  in->features = feats;
+  if (v < 22800) {
+    char vs[32];
+    ncfsm__nccl_version_str(v, vs, sizeof vs);
+    NCFSM_WARN(NCFSM__SUB_BACKEND,
+               "NCCL %s (%s) is older than 2.28: NCCL-RULES were measured on 2.28.3/2.28.9; behaviour may "
+               "differ",
+               vs, in->nccl_path);
+  }
+}
+
+static void load_cudart(ncfsm__nccl_info *in) {
+  /* Prefer a runtime the process already has (torch loads its own), then
+   * search: the CUDA 13 runtime, then 12, then whatever libcudart.so is. */
+  static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+  const size_t nn = sizeof names / sizeof names[0];
+  char errs[NCFSM__NCCL_WHY_MAX] = "";
+  size_t off = 0;
+  void *h = NULL;
+  for (int pass = 0; pass < 2 && !h; pass++) {
+    for (size_t i = 0; i < nn && !h; i++) {
+      (void)dlerror();
+      h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | (pass == 0 ? RTLD_NOLOAD : 0));
+      if (!h && pass == 1 && off < sizeof errs) {
+        int n = snprintf(errs + off, sizeof errs - off, "%s%s", off ? "; " : "", ncfsm__nccl_dl_error());
+        if (n > 0) off += (size_t)n;
+      }
+    }
+  }
+  if (!h) {
+    snprintf(in->cudart_why, sizeof in->cudart_why, "CUDA runtime (libcudart.so.13/.12) not found: %.400s", errs);
+    return;
+  }
+  const char *missing = NULL;
+#define RESOLVE(name) \
+  if (!missing && !(ncfsm__rt.name = (__typeof__(ncfsm__rt.name))dlsym(h, #name))) missing = #name;
+  CUDART_REQUIRED(RESOLVE)
+#undef RESOLVE
+  lib_path(h, (void *)ncfsm__rt.cudaGetDeviceCount, in->cudart_path, sizeof in->cudart_path);
+  if (missing) {
+    snprintf(in->cudart_why, sizeof in->cudart_why, "CUDA runtime %.300s has no %s", in->cudart_path, missing);
+    memset(&ncfsm__rt, 0, sizeof ncfsm__rt);
+    dlclose(h);
+    in->cudart_path[0] = '\0';
+    return;
+  }
+  ncfsm__rt.cudaStreamGetDevice = (__typeof__(ncfsm__rt.cudaStreamGetDevice))dlsym(h, "cudaStreamGetDevice");
+  g_hcudart = h;
+  in->cudart_loaded = 1;
+  in->has_stream_get_device = ncfsm__rt.cudaStreamGetDevice != NULL;
+  int v = 0;
+  if (ncfsm__rt.cudaRuntimeGetVersion(&v) == cudaSuccess) in->cudart_version = v;
+  v = 0;
+  if (ncfsm__rt.cudaDriverGetVersion(&v) == cudaSuccess) in->driver_version = v;
+  (void)ncfsm__rt.cudaGetLastError();
+
+  int n = 0;
+  cudaError_t e = ncfsm__rt.cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    in->device_count = 0;
+    in->device_count_rc = (int)e;
+    snprintf(in->device_why, sizeof in->device_why, "cudaGetDeviceCount failed: %s (%s)",
+             ncfsm__rt.cudaGetErrorString(e), ncfsm__rt.cudaGetErrorName(e));
+    (void)ncfsm__rt.cudaGetLastError();
+  } else {
+    in->device_count = n;
+    if (n == 0)
+      snprintf(in->device_why, sizeof in->device_why, "no CUDA device visible (cudaGetDeviceCount returned 0)");
+  }
+}
+
+static void load_once(void) {
+  ncfsm__nccl_info *in = &ncfsm__nccl_found;
+  in->header_nccl_version = NCCL_VERSION_CODE;
+  in->header_cudart_version = CUDART_VERSION;
+  load_nccl(in);
+  load_cudart(in);
+  const char *why = !in->nccl_loaded ? in->nccl_why
+                    : !in->cudart_loaded ? in->cudart_why
+                    : in->device_count <= 0 ? in->device_why
+                                            : NULL;
+  if (why) {
+    in->open_rc = 1;
+    snprintf(in->open_why, sizeof in->open_why, "%.*s", (int)sizeof in->open_why - 1, why);
+    NCFSM_INFO(NCFSM__SUB_BACKEND, "nccl backend unavailable: %s", why);
+    return;
+  }
+  char nv[32];
+  ncfsm__nccl_version_str(in->nccl_version, nv, sizeof nv);
+  NCFSM_INFO(NCFSM__SUB_BACKEND,
+             "nccl backend: NCCL %s (%s), CUDA runtime %d.%d (%s), driver %d.%d, %d device(s); optional:%s%s%s%s%s%s%s",
+             nv, in->nccl_path, in->cudart_version / 1000, in->cudart_version % 1000 / 10, in->cudart_path,
+             in->driver_version / 1000, in->driver_version % 1000 / 10, in->device_count,
+             in->features & NCFSM__HAS_REVOKE ? " Revoke" : "", in->features & NCFSM__HAS_SHRINK ? " Shrink" : "",
+             in->features & NCFSM__HAS_ALLTOALL ? " AlltoAll" : "", in->features & NCFSM__HAS_GATHER ? " Gather" : "",
+             in->features & NCFSM__HAS_SCATTER ? " Scatter" : "", in->features & NCFSM__HAS_SPLIT ? " Split" : "",
+             in->features & NCFSM__HAS_GROW ? " Grow" : "");
+}
+
+void ncfsm__nccl_load(void) { pthread_once(&g_once, load_once); }
+
+void ncfsm__nccl_get_info(ncfsm__nccl_info *out) {
+  ncfsm__nccl_load();
+  *out = ncfsm__nccl_found;
+}
+
+/* ---- refusals ------------------------------------------------------------------------------ */
+
+int ncfsm__nccl_not_usable(void) {
+  ncfsm__nccl_load();
+  if (!ncfsm__nccl_found.open_rc) return 0;
+  ncfsm__nccl_own_error("nccl backend unavailable: %s", ncfsm__nccl_found.open_why);
+  return 1;
+}
+
+int ncfsm__nccl_missing(const char *name, int since) {
+  char have[32], need[32];
+  ncfsm__nccl_version_str(ncfsm__nccl_found.nccl_version, have, sizeof have);
+  ncfsm__nccl_version_str(since, need, sizeof need);
+  if (ncfsm__nccl_found.nccl_version >= since)
+    ncfsm__nccl_own_error("%s not exported by this NCCL runtime (%s, %s)", name, have,
+                          ncfsm__nccl_found.nccl_path);
+  else
+    ncfsm__nccl_own_error("%s not in this NCCL runtime (%s); needs >= %s", name, have, need);
+  return ncclInvalidUsage;
+}
