@@ -105,7 +105,7 @@ static int b_comm_init_scalable(void **bcomm, int nranks, const ncfsm_unique_id 
                                 const ncfsm__comm_config *cfg) {
   *bcomm = NULL;
   if (ncfsm__nccl_not_usable()) return ncclSystemError;
-  if (!ncfsm__nc.ncclCommInitRankScalable) return ncfsm__nccl_missing("ncclCommInitRankScalable", 22304);
+  if (!NCCL_OPT(ncclCommInitRankScalable)) return ncfsm__nccl_missing(NCFSM__NCCL_OPT_ncclCommInitRankScalable);
   ncclUniqueId *u = calloc((size_t)(nids > 0 ? nids : 1), sizeof *u);
   if (!u) {
     ncfsm__nccl_own_error("out of host memory for a communicator");
@@ -119,7 +119,7 @@ static int b_comm_init_scalable(void **bcomm, int nranks, const ncfsm_unique_id 
     return rc;
   }
   for (int j = 0; j < nids; j++) memcpy(&u[j], &ids[j], sizeof u[j]);
-  ncclResult_t r = ncfsm__nc.ncclCommInitRankScalable(&bc->comm, nranks, rank, nids, u, &config);
+  ncclResult_t r = NCCL_OPT(ncclCommInitRankScalable)(&bc->comm, nranks, rank, nids, u, &config);
   free(u);
   return init_after(bc, r, bcomm);
 }
@@ -159,16 +159,16 @@ static int b_op(void *bcomm, const ncfsm__op *op) {
     case NCFSM_KIND_ALLGATHER: r = ncfsm__nc.ncclAllGather(op->send, op->recv, op->count, dt, c, s); break;
     case NCFSM_KIND_REDUCESCATTER: r = ncfsm__nc.ncclReduceScatter(op->send, op->recv, op->count, dt, ro, c, s); break;
     case NCFSM_KIND_ALLTOALL:
-      if (!ncfsm__nc.ncclAlltoAll) return ncfsm__nccl_missing("ncclAlltoAll", 22803);
-      r = ncfsm__nc.ncclAlltoAll(op->send, op->recv, op->count, dt, c, s);
+      if (!NCCL_OPT(ncclAlltoAll)) return ncfsm__nccl_missing(NCFSM__NCCL_OPT_ncclAlltoAll);
+      r = NCCL_OPT(ncclAlltoAll)(op->send, op->recv, op->count, dt, c, s);
       break;
     case NCFSM_KIND_GATHER:
-      if (!ncfsm__nc.ncclGather) return ncfsm__nccl_missing("ncclGather", 22803);
-      r = ncfsm__nc.ncclGather(op->send, op->recv, op->count, dt, op->root, c, s);
+      if (!NCCL_OPT(ncclGather)) return ncfsm__nccl_missing(NCFSM__NCCL_OPT_ncclGather);
+      r = NCCL_OPT(ncclGather)(op->send, op->recv, op->count, dt, op->root, c, s);
       break;
     case NCFSM_KIND_SCATTER:
-      if (!ncfsm__nc.ncclScatter) return ncfsm__nccl_missing("ncclScatter", 22803);
-      r = ncfsm__nc.ncclScatter(op->send, op->recv, op->count, dt, op->root, c, s);
+      if (!NCCL_OPT(ncclScatter)) return ncfsm__nccl_missing(NCFSM__NCCL_OPT_ncclScatter);
+      r = NCCL_OPT(ncclScatter)(op->send, op->recv, op->count, dt, op->root, c, s);
       break;
     case NCFSM_KIND_SEND: r = ncfsm__nc.ncclSend(op->send, op->count, dt, op->peer, c, s); break;
     case NCFSM_KIND_RECV: r = ncfsm__nc.ncclRecv(op->recv, op->count, dt, op->peer, c, s); break;
@@ -210,8 +210,8 @@ static int b_abort(void *bcomm) {
 }
 
 static int b_revoke(void *bcomm, int flags) {
-  if (!ncfsm__nc.ncclCommRevoke) return ncfsm__nccl_missing("ncclCommRevoke", 22807);
-  return ncfsm__nccl_res(ncfsm__nc.ncclCommRevoke(((nccl_bcomm *)bcomm)->comm, flags));
+  if (!NCCL_OPT(ncclCommRevoke)) return ncfsm__nccl_missing(NCFSM__NCCL_OPT_ncclCommRevoke);
+  return ncfsm__nccl_res(NCCL_OPT(ncclCommRevoke)(((nccl_bcomm *)bcomm)->comm, flags));
 }
 
 /* ---- communicators made from communicators (R7, R8; grow: NCCL 2.29) ---------------- */
@@ -258,19 +258,19 @@ static int child_begin(nccl_bcomm *pb, void **child, const char *call) {
 
 static int b_comm_split(void *parent, int color, int key, void **child, const ncfsm__comm_config *cfg) {
   nccl_bcomm *pb = parent;
-  if (!ncfsm__nc.ncclCommSplit) return ncfsm__nccl_missing("ncclCommSplit", 21801);
+  if (!NCCL_OPT(ncclCommSplit)) return ncfsm__nccl_missing(NCFSM__NCCL_OPT_ncclCommSplit);
   int rc = child_begin(pb, child, "ncclCommSplit");
   if (rc) return rc;
   ncclConfig_t config;
   nccl_bcomm *ch = bcomm_new(cfg, pb->device, &config); /* NCCL keeps the parent's device */
   if (!ch) return ncclSystemError;
-  return child_after(pb, ch, child, ncfsm__nc.ncclCommSplit(pb->comm, color, key, &ch->comm, &config));
+  return child_after(pb, ch, child, NCCL_OPT(ncclCommSplit)(pb->comm, color, key, &ch->comm, &config));
 }
 
 static int b_comm_shrink(void *parent, const int *exclude, int nexclude, void **child,
                          const ncfsm__comm_config *cfg, int flags) {
   nccl_bcomm *pb = parent;
-  if (!ncfsm__nc.ncclCommShrink) return ncfsm__nccl_missing("ncclCommShrink", 22703);
+  if (!NCCL_OPT(ncclCommShrink)) return ncfsm__nccl_missing(NCFSM__NCCL_OPT_ncclCommShrink);
   int rc = child_begin(pb, child, "ncclCommShrink");
   if (rc) return rc;
   /* NCCL sorts the list in place: give it a copy */
@@ -286,25 +286,30 @@ static int b_comm_shrink(void *parent, const int *exclude, int nexclude, void **
     free(ex);
     return ncclSystemError;
   }
-  ncclResult_t r = ncfsm__nc.ncclCommShrink(pb->comm, ex, nexclude, &ch->comm, &config, flags);
+  ncclResult_t r = NCCL_OPT(ncclCommShrink)(pb->comm, ex, nexclude, &ch->comm, &config, flags);
   free(ex); /* NCCL's job keeps its own copy */
   return child_after(pb, ch, child, r);
 }
 
+/* A grow needs both ncclCommGetUniqueId and ncclCommGrow: name the one missing. */
+static int grow_missing(void) {
+  return ncfsm__nccl_missing(NCCL_OPT_AS(ncclCommGetUniqueId, void *) ? NCFSM__NCCL_OPT_ncclCommGrow
+                                                                      : NCFSM__NCCL_OPT_ncclCommGetUniqueId);
+}
+
 static int b_comm_get_unique_id(void *bcomm, ncfsm_unique_id *id) {
   nccl_bcomm *bc = bcomm;
-  if (!ncfsm__nc.ncclCommGetUniqueId || !ncfsm__nc.ncclCommGrow)
-    return ncfsm__nccl_missing("ncclCommGetUniqueId", 22900);
+  if (!(ncfsm__nccl_found.features & NCFSM__HAS_GROW)) return grow_missing();
   ncclUniqueId uid;
-  ncclResult_t r = ncfsm__nc.ncclCommGetUniqueId(bc->comm, &uid);
+  ncfsm__nccl_comm_get_unique_id_fn get = NCCL_OPT_AS(ncclCommGetUniqueId, ncfsm__nccl_comm_get_unique_id_fn);
+  ncclResult_t r = get(bc->comm, &uid);
   if (r == ncclSuccess) memcpy(id, &uid, sizeof uid);
   return ncfsm__nccl_res(r);
 }
 
 static int b_comm_grow(void *parent, int nranks, const ncfsm_unique_id *id, int rank, void **child,
                        const ncfsm__comm_config *cfg) {
-  if (!ncfsm__nc.ncclCommGetUniqueId || !ncfsm__nc.ncclCommGrow)
-    return ncfsm__nccl_missing("ncclCommGrow", 22900);
+  if (!(ncfsm__nccl_found.features & NCFSM__HAS_GROW)) return grow_missing();
   ncclUniqueId uid;
   if (id) memcpy(&uid, id, sizeof uid);
   ncclConfig_t config;
@@ -314,8 +319,8 @@ static int b_comm_grow(void *parent, int nranks, const ncfsm_unique_id *id, int 
     if (rc) return rc;
     nccl_bcomm *ch = bcomm_new(cfg, pb->device, &config);
     if (!ch) return ncclSystemError;
-    return child_after(pb, ch, child,
-                       ncfsm__nc.ncclCommGrow(pb->comm, nranks, id ? &uid : NULL, -1, &ch->comm, &config));
+    ncfsm__nccl_comm_grow_fn grow = NCCL_OPT_AS(ncclCommGrow, ncfsm__nccl_comm_grow_fn);
+    return child_after(pb, ch, child, grow(pb->comm, nranks, id ? &uid : NULL, -1, &ch->comm, &config));
   }
   /* a joining rank: like an init, on the device it names (NCCL reads the current device) */
   *child = NULL;
@@ -323,7 +328,8 @@ static int b_comm_grow(void *parent, int nranks, const ncfsm_unique_id *id, int 
   int rc = init_begin(cfg, &ch, &config);
   if (rc) return rc;
   /* NCCL writes the handle in the call */
-  return init_after(ch, ncfsm__nc.ncclCommGrow(NULL, nranks, id ? &uid : NULL, rank, &ch->comm, &config), child);
+  ncfsm__nccl_comm_grow_fn grow = NCCL_OPT_AS(ncclCommGrow, ncfsm__nccl_comm_grow_fn);
+  return init_after(ch, grow(NULL, nranks, id ? &uid : NULL, rank, &ch->comm, &config), child);
 }
 
 /* ncclCommUserRank + ncclCommCount: both need the comm ready (ncclCommEnsureReady:

@@ -27,9 +27,8 @@
 #include "core/backend.h"
 #include "core/nccl_dl.h"
 
-/* NCCL 2.29 entry points: the 2.28 headers do not declare them, so they get
- * prototypes of their own here (from NCCL 2.29's nccl.h), used only through
- * dlsym'd pointers. */
+/* NCCL 2.29 entry points ncfsm calls: the 2.28 headers do not declare them,
+ * so they get prototypes of their own here (from NCCL 2.29.2's nccl.h). */
 typedef ncclResult_t (*ncfsm__nccl_comm_get_unique_id_fn)(ncclComm_t comm, ncclUniqueId *uniqueId);
 typedef ncclResult_t (*ncfsm__nccl_comm_grow_fn)(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId,
                                                  int rank, ncclComm_t *newcomm, ncclConfig_t *config);
@@ -57,15 +56,7 @@ typedef ncclResult_t (*ncfsm__nccl_comm_grow_fn)(ncclComm_t comm, int nRanks, co
   X(ncclSend)            \
   X(ncclRecv)
 
-/* Optional entry points: (name, feature bit, first NCCL_VERSION_CODE that has it). */
-#define NCCL_OPTIONAL(X)                          \
-  X(ncclCommRevoke, NCFSM__HAS_REVOKE, 22807)     \
-  X(ncclCommShrink, NCFSM__HAS_SHRINK, 22703)     \
-  X(ncclCommSplit, NCFSM__HAS_SPLIT, 21801)       \
-  X(ncclCommInitRankScalable, NCFSM__HAS_INIT_SCALABLE, 22304) \
-  X(ncclAlltoAll, NCFSM__HAS_ALLTOALL, 22803)     \
-  X(ncclGather, NCFSM__HAS_GATHER, 22803)         \
-  X(ncclScatter, NCFSM__HAS_SCATTER, 22803)
+/* The optional ones: NCFSM__NCCL_OPTIONAL (core/nccl_dl.h). */
 
 /* CUDA runtime entry points (stable names in CUDA 12 and 13; none is a
  * versioned macro in cuda_runtime_api.h without per-thread default streams). */
@@ -93,18 +84,22 @@ typedef ncclResult_t (*ncfsm__nccl_comm_grow_fn)(ncclComm_t comm, int nRanks, co
   X(cudaDeviceGetAttribute)
 
 #define NCFSM__NCCL_FIELD(name) __typeof__(&name) name;
-#define NCFSM__NCCL_FIELD_OPT(name, bit, since) __typeof__(&name) name;
 
 typedef struct ncfsm__nccl_syms {
   NCCL_REQUIRED(NCFSM__NCCL_FIELD)
-  NCCL_OPTIONAL(NCFSM__NCCL_FIELD_OPT)
   /* Declared as name() in nccl.h: give them real prototypes. */
   ncclResult_t (*ncclGroupStart)(void);
   ncclResult_t (*ncclGroupEnd)(void);
-  /* NCCL >= 2.29 (NCFSM__HAS_GROW when both resolve). */
-  ncfsm__nccl_comm_get_unique_id_fn ncclCommGetUniqueId;
-  ncfsm__nccl_comm_grow_fn ncclCommGrow;
+  /* The optional ones, by NCFSM__NCCL_OPT_<name>: NULL when the runtime lacks
+   * one or is older than its version. Called through NCCL_OPT / NCCL_OPT_AS. */
+  void *opt[NCFSM__NCCL_OPT_COUNT];
 } ncfsm__nccl_syms;
+
+/* An optional entry point, typed from the headers' prototype (a prototype
+ * change is a compile error), or NULL. */
+#define NCCL_OPT(name) ((__typeof__(&name))ncfsm__nc.opt[NCFSM__NCCL_OPT_##name])
+/* The same for one the build's headers do not declare, with its own type. */
+#define NCCL_OPT_AS(name, type) ((type)ncfsm__nc.opt[NCFSM__NCCL_OPT_##name])
 
 typedef struct ncfsm__cudart_syms {
   CUDART_REQUIRED(NCFSM__NCCL_FIELD)
@@ -160,8 +155,9 @@ static inline int ncfsm__nccl_use_device(int dev) {
 
 /* 1 (after own_error) when the backend cannot be used on this machine. */
 int ncfsm__nccl_not_usable(void);
-/* A missing optional entry point (R6): the error and ncclInvalidUsage, before NCCL is reached. */
-int ncfsm__nccl_missing(const char *name, int since);
+/* A missing optional entry point NCFSM__NCCL_OPT_x (R6): the error naming it
+ * and the version that has it, and ncclInvalidUsage, before NCCL is reached. */
+int ncfsm__nccl_missing(int opt);
 
 /* ---- streams, events, memory (nccl_stream.c) -------------------------------------------- */
 int ncfsm__nccl_stream_create(int device, void **stream);

@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
@@ -117,14 +118,52 @@ const char *ncfsm__nccl_dl_error(void) {
   return e ? e : "unknown dlerror";
 }
 
+/* Where dlopen looks for a bare name (ld.so(8)), as the user can change it. */
+static void search_path(char *buf, size_t len) {
+  const char *lp = getenv("LD_LIBRARY_PATH");
+  int cut = lp && strlen(lp) > 120;
+  snprintf(buf, len, "LD_LIBRARY_PATH=%.120s%s, the program's RUNPATH, the ld.so cache, /lib, /usr/lib",
+           lp && *lp ? lp : "(unset)", cut ? "..." : "");
+}
+
+/* The rows of NCFSM__NCCL_OPTIONAL, by index. */
+static const struct {
+  const char *name;
+  int since;
+  unsigned bit;
+} opt_rows[NCFSM__NCCL_OPT_COUNT] = {
+#define OPT_ROW(name, since, bit, rule, use) {#name, since, bit},
+    NCFSM__NCCL_OPTIONAL(OPT_ROW)
+#undef OPT_ROW
+};
+static_assert(NCFSM__NCCL_OPT_COUNT <= 64, "opt_exported and opt_used hold one bit per row");
+
+/* Every optional entry point the runtime exports, used from the version that
+ * brought it; a feature bit when every row that names it is used. */
+static void resolve_optional(void *h, int version, ncfsm__nccl_info *in) {
+  unsigned have = 0, lack = 0;
+  for (int i = 0; i < NCFSM__NCCL_OPT_COUNT; i++) {
+    void *p = dlsym(h, opt_rows[i].name);
+    int used = p && version >= opt_rows[i].since;
+    if (p) in->opt_exported |= 1ull << i;
+    if (used) in->opt_used |= 1ull << i;
+    ncfsm__nc.opt[i] = used ? p : NULL;
+    if (opt_rows[i].bit) *(used ? &have : &lack) |= opt_rows[i].bit;
+  }
+  in->features = have & ~lack;
+}
+
 static void load_nccl(ncfsm__nccl_info *in) {
   (void)dlerror();
   void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
   if (!h) {
+    char where[256];
+    search_path(where, sizeof where);
+    in->nccl_not_found = 1;
     snprintf(in->nccl_why, sizeof in->nccl_why,
-             "libnccl.so.2 not found: %s (put the directory of libnccl.so.2 on LD_LIBRARY_PATH: the system "
-             "NCCL or the nvidia-nccl wheel's nvidia/nccl/lib)",
-             ncfsm__nccl_dl_error());
+             "libnccl.so.2 not found (searched %s; %s): put the directory of libnccl.so.2 on LD_LIBRARY_PATH: "
+             "the system NCCL or the nvidia-nccl wheel's nvidia/nccl/lib",
+             where, ncfsm__nccl_dl_error());
     return;
   }
   const char *missing = NULL;
@@ -145,20 +184,12 @@ static void load_nccl(ncfsm__nccl_info *in) {
     in->nccl_path[0] = '\0';
     return;
   }
-  unsigned feats = 0;
-#define RESOLVE_OPT(name, bit, since) \
-  if ((ncfsm__nc.name = (__typeof__(ncfsm__nc.name))dlsym(h, #name)) != NULL) feats |= (bit);
-  NCCL_OPTIONAL(RESOLVE_OPT)
-#undef RESOLVE_OPT
-  ncfsm__nc.ncclCommGetUniqueId = (ncfsm__nccl_comm_get_unique_id_fn)dlsym(h, "ncclCommGetUniqueId");
-  ncfsm__nc.ncclCommGrow = (ncfsm__nccl_comm_grow_fn)dlsym(h, "ncclCommGrow");
-  if (ncfsm__nc.ncclCommGetUniqueId && ncfsm__nc.ncclCommGrow) feats |= NCFSM__HAS_GROW;
   int v = 0;
   if (ncfsm__nc.ncclGetVersion(&v) != ncclSuccess) v = 0;
+  resolve_optional(h, v, in);
   g_hnccl = h;
   in->nccl_loaded = 1;
   in->nccl_version = v;
-  in->features = feats;
   if (v < 22800) {
     char vs[32];
     ncfsm__nccl_version_str(v, vs, sizeof vs);
@@ -212,6 +243,13 @@ static void load_cudart(ncfsm__nccl_info *in) {
   if (ncfsm__rt.cudaRuntimeGetVersion(&v) == cudaSuccess) in->cudart_version = v;
   v = 0;
   if (ncfsm__rt.cudaDriverGetVersion(&v) == cudaSuccess) in->driver_version = v;
+  if (in->driver_version <= 0) { /* why: the driver library is not there, or does not load */
+    (void)dlerror();
+    void *d = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    snprintf(in->driver_why, sizeof in->driver_why, "%s",
+             d ? "libcuda.so.1 loads, but reports no driver" : ncfsm__nccl_dl_error());
+    if (d) dlclose(d);
+  }
   (void)ncfsm__rt.cudaGetLastError();
 
   int n = 0;
@@ -229,32 +267,63 @@ static void load_cudart(ncfsm__nccl_info *in) {
   }
 }
 
+/* What to do instead, in every refusal: the engine passes the text on. */
+#define SIM_HINT "use NCFSM_BACKEND=sim, or NCFSM_BACKEND=auto (it picks sim when no GPU is usable)"
+
+/* open()'s refusal: the cause first, then what to do (the engine's copy of
+ * it may be cut at 256 bytes), then the details. 0 (nothing written): usable. */
+static int refusal(const ncfsm__nccl_info *in, char *buf, size_t len) {
+  char where[256];
+  search_path(where, sizeof where);
+  if (!in->nccl_loaded && in->nccl_not_found)
+    return snprintf(buf, len, "libnccl.so.2 not found (searched %s): " SIM_HINT "; for NCCL, put the directory "
+                    "of libnccl.so.2 (the system NCCL, or the nvidia-nccl wheel's nvidia/nccl/lib) on "
+                    "LD_LIBRARY_PATH", where);
+  if (!in->nccl_loaded) return snprintf(buf, len, "%.300s: " SIM_HINT, in->nccl_why);
+  if (!in->cudart_loaded)
+    return snprintf(buf, len, "the CUDA runtime (libcudart.so.13, .12) did not load (searched %s): " SIM_HINT
+                    "; %.200s", where, in->cudart_why);
+  if (in->device_count > 0) return 0;
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  char cv[96] = "";
+  if (vis) snprintf(cv, sizeof cv, "; CUDA_VISIBLE_DEVICES=\"%.64s\"", vis);
+  if (in->driver_version <= 0)
+    return snprintf(buf, len, "no NVIDIA driver on this machine (%.120s), so no GPU: " SIM_HINT "; %.200s",
+                    in->driver_why, in->device_why);
+  if (in->device_count_rc == (int)cudaErrorInsufficientDriver)
+    return snprintf(buf, len, "the NVIDIA driver (CUDA %d.%d) is older than the CUDA runtime %d.%d (%.200s): "
+                    SIM_HINT ", or a CUDA runtime that driver supports", in->driver_version / 1000,
+                    in->driver_version % 1000 / 10, in->cudart_version / 1000, in->cudart_version % 1000 / 10,
+                    in->cudart_path);
+  if (in->device_count_rc == (int)cudaErrorNoDevice || in->device_count_rc == 0)
+    return snprintf(buf, len, "no CUDA device visible (driver CUDA %d.%d%s): " SIM_HINT,
+                    in->driver_version / 1000, in->driver_version % 1000 / 10, cv);
+  return snprintf(buf, len, "%.200s%s: " SIM_HINT, in->device_why, cv);
+}
+
 static void load_once(void) {
   ncfsm__nccl_info *in = &ncfsm__nccl_found;
   in->header_nccl_version = NCCL_VERSION_CODE;
   in->header_cudart_version = CUDART_VERSION;
   load_nccl(in);
   load_cudart(in);
-  const char *why = !in->nccl_loaded ? in->nccl_why
-                    : !in->cudart_loaded ? in->cudart_why
-                    : in->device_count <= 0 ? in->device_why
-                                            : NULL;
-  if (why) {
+  if (refusal(in, in->open_why, sizeof in->open_why) > 0) {
     in->open_rc = 1;
-    snprintf(in->open_why, sizeof in->open_why, "%.*s", (int)sizeof in->open_why - 1, why);
-    NCFSM_INFO(NCFSM__SUB_BACKEND, "nccl backend unavailable: %s", why);
+    NCFSM_INFO(NCFSM__SUB_BACKEND, "nccl backend unavailable: %s", in->open_why);
     return;
   }
-  char nv[32];
+  char nv[32], opts[1024] = "";
   ncfsm__nccl_version_str(in->nccl_version, nv, sizeof nv);
+  size_t off = 0;
+  for (int i = 0; i < NCFSM__NCCL_OPT_COUNT && off < sizeof opts; i++)
+    if (in->opt_used & (1ull << i)) {
+      int n = snprintf(opts + off, sizeof opts - off, " %s", opt_rows[i].name);
+      if (n > 0) off += (size_t)n;
+    }
   NCFSM_INFO(NCFSM__SUB_BACKEND,
-             "nccl backend: NCCL %s (%s), CUDA runtime %d.%d (%s), driver %d.%d, %d device(s); optional:%s%s%s%s%s%s%s",
-             nv, in->nccl_path, in->cudart_version / 1000, in->cudart_version % 1000 / 10, in->cudart_path,
-             in->driver_version / 1000, in->driver_version % 1000 / 10, in->device_count,
-             in->features & NCFSM__HAS_REVOKE ? " Revoke" : "", in->features & NCFSM__HAS_SHRINK ? " Shrink" : "",
-             in->features & NCFSM__HAS_ALLTOALL ? " AlltoAll" : "", in->features & NCFSM__HAS_GATHER ? " Gather" : "",
-             in->features & NCFSM__HAS_SCATTER ? " Scatter" : "", in->features & NCFSM__HAS_SPLIT ? " Split" : "",
-             in->features & NCFSM__HAS_GROW ? " Grow" : "");
+             "nccl backend: NCCL %s (%s), CUDA runtime %d.%d (%s), driver %d.%d, %d device(s); optional:%s", nv,
+             in->nccl_path, in->cudart_version / 1000, in->cudart_version % 1000 / 10, in->cudart_path,
+             in->driver_version / 1000, in->driver_version % 1000 / 10, in->device_count, opts);
 }
 
 void ncfsm__nccl_load(void) { pthread_once(&g_once, load_once); }
@@ -273,11 +342,15 @@ int ncfsm__nccl_not_usable(void) {
   return 1;
 }
 
-int ncfsm__nccl_missing(const char *name, int since) {
+int ncfsm__nccl_missing(int opt) {
+  const char *name = opt_rows[opt].name;
   char have[32], need[32];
   ncfsm__nccl_version_str(ncfsm__nccl_found.nccl_version, have, sizeof have);
-  ncfsm__nccl_version_str(since, need, sizeof need);
-  if (ncfsm__nccl_found.nccl_version >= since)
+  ncfsm__nccl_version_str(opt_rows[opt].since, need, sizeof need);
+  if (ncfsm__nccl_found.opt_exported & (1ull << opt))
+    ncfsm__nccl_own_error("%s is exported by this NCCL runtime (%s) but arrived in %s: not used (an older "
+                          "runtime's prototype may differ)", name, have, need);
+  else if (ncfsm__nccl_found.nccl_version >= opt_rows[opt].since)
     ncfsm__nccl_own_error("%s not exported by this NCCL runtime (%s, %s)", name, have,
                           ncfsm__nccl_found.nccl_path);
   else
