@@ -8,6 +8,22 @@
 #include "core/sim/sim-comm.h"
 #include "core/sim/sim-faults.h"
 
+/* NCCL 2.31.2 (pytorch#194679): ncclCommShrink(NCCL_SHRINK_ABORT) resets the
+ * parent's abort flag before it returns, and commDestroySync (run by
+ * ncclCommFinalize and ncclCommDestroy) waits in an untimed intra-node
+ * barrier unless the abort flag is set; the excluded ranks aborted their
+ * parent and never arrive, so a survivor's finalize or destroy of that parent
+ * never ends. Up to 2.30.7 it ended; the sim refuses it there instead (R7). */
+static int barrier_hangs(const sim_comm *c) { return c->shrink_aborted && ncfsm__sim_version() >= 23102; }
+
+static void barrier_warn(const sim_comm *c, const char *call) {
+  ncfsm__sim_warn("%s: rank %d: the parent of an NCCL_SHRINK_ABORT shrink did not return within %lld ms (sim, "
+                  "NCFSM_SIM_WAIT_MS): since NCCL 2.31.2 its commDestroySync waits in an untimed intra-node "
+                  "barrier for the excluded ranks, which aborted it and never arrive; NCCL blocks for ever "
+                  "(pytorch#194679). Abort such a parent, never finalize or destroy it (R7)",
+                  call, c->rank, ncfsm__sim_wait_ms());
+}
+
 int ncfsm__sim_finalize(void *bcomm) {
   LOCK();
   int implicit = ncfsm__sim_implicit_begin(), rc = OK;
@@ -22,7 +38,7 @@ int ncfsm__sim_finalize(void *bcomm) {
     } else if (c->state == IN_PROGRESS) {
       ncfsm__sim_warn(R2_WARN); /* R2, and R4: a second finalize while the first runs */
       rc = E_ARG;
-    } else if (c->shrink_aborted) {
+    } else if (c->shrink_aborted && !barrier_hangs(c)) {
       ncfsm__sim_warn("ncclCommFinalize: " SHRUNK_WARN);
       rc = E_USAGE;
     } else if (c->state != OK) {
@@ -33,7 +49,7 @@ int ncfsm__sim_finalize(void *bcomm) {
     } else if (c->finalized) {
       ncfsm__sim_warn("ncclCommFinalize: comm already finalized"); /* R4 */
       rc = E_ARG;
-    } else if (!c->blocking) {
+    } else if (!c->blocking) { /* a barrier_hangs parent: InProgress for ever (sim_launch.c) */
       c->state = IN_PROGRESS; /* R1, R4 */
       c->phase = SIM_PH_FINALIZE;
       c->countdown = ncfsm__sim_fault_phase(c, SIM_PH_FINALIZE, c->o.finalize_polls, 0);
@@ -43,12 +59,13 @@ int ncfsm__sim_finalize(void *bcomm) {
       uint64_t deadline = ncfsm__sim_deadline();
       for (;;) {
         ncfsm__sim_progress();
-        if (!ncfsm__sim_unfinished(c)) {
+        if (!ncfsm__sim_unfinished(c) && !c->shrink_aborted) {
           c->finalized = 1;
           break;
         }
         if (ncfsm__now_ns() >= deadline) {
-          ncfsm__sim_warn("ncclCommFinalize: outstanding operations never completed (sim)");
+          if (c->shrink_aborted) barrier_warn(c, "ncclCommFinalize");
+          else ncfsm__sim_warn("ncclCommFinalize: outstanding operations never completed (sim)");
           c->state = rc = E_SYSTEM;
           break;
         }
@@ -78,8 +95,17 @@ int ncfsm__sim_destroy(void *bcomm) {
     ncfsm__sim_group_fail(c, rc);
   } else if (c->shrink_aborted && c->state != IN_PROGRESS) {
     c->st.destroys++; /* R7: the parent of a NCCL_SHRINK_ABORT shrink must be aborted */
-    ncfsm__sim_warn("ncclCommDestroy: " SHRUNK_WARN);
-    rc = E_USAGE;
+    if (barrier_hangs(c)) { /* NCCL never returns; the sim, after NCFSM_SIM_WAIT_MS, with the comm alive */
+      NCFSM_INFO(NCFSM__SUB_SIM, "sim: rank %d: ncclCommDestroy of a parent shrunk with NCCL_SHRINK_ABORT blocks "
+                 "(NCCL >= 2.31.2)", c->rank);
+      uint64_t deadline = ncfsm__sim_deadline();
+      while (ncfsm__now_ns() < deadline) ncfsm__sim_nap();
+      barrier_warn(c, "ncclCommDestroy");
+      c->state = rc = E_SYSTEM;
+    } else {
+      ncfsm__sim_warn("ncclCommDestroy: " SHRUNK_WARN);
+      rc = E_USAGE;
+    }
     ncfsm__sim_group_fail(c, rc);
   } else if (c->state != OK) {
     /* R4: destroy is only legal in ncclSuccess. Rejected without destroying;

@@ -183,6 +183,7 @@ static void comm_tick(sim_comm *c) {
     break;
   case SIM_PH_FINALIZE:
     if (ncfsm__sim_unfinished(c)) return; /* R4: finalize flushes outstanding work */
+    if (c->shrink_aborted) return;        /* NCCL >= 2.31.2: its barrier never completes (sim_close.c) */
     c->finalized = 1;
     break;
   case SIM_PH_LAUNCH: {
