@@ -1,7 +1,8 @@
 /*
  * The backend interface: what ncfsm needs from NCCL + CUDA, as one table of
- * function pointers. Two implementations: core/backend_nccl.c (real NCCL and
- * the CUDA runtime) and core/sim/ (a deterministic model of NCCL 2.28).
+ * function pointers. Two implementations: the nccl backend (real NCCL and the
+ * CUDA runtime; core/backend_nccl.c and the files core/nccl_internal.h lists)
+ * and core/sim/ (a deterministic model of NCCL 2.28).
  *
  * Result codes are NCCL's ncclResult_t values (NCFSM__NCCL_*), so the sim
  * returns exactly what NCCL returns. Stream and event functions return 0 on

@@ -1,8 +1,9 @@
 # Source on the GPU machine, from the repository root:
 #   . scripts/gpu-env.sh [2.28.3|2.28.9]
 # Runtime libraries the host lacks (jansson, cmocka, xxhash) come from
-# .gpu/lib, searched LAST so that the host's own libraries win (copied there
-# from shared/gpu-host/*.deb and this machine; see docs/results/README.md).
+# .gpu/lib, searched LAST so that the host's own libraries win
+# (scripts/gpu-libs.sh fills it on the development machine from its package
+# archive, with apt-get download; see docs/results/README.md).
 # Never put libpmix there: it would shadow the host's PMIx 5, which mpirun's
 # plugins need (measured: "undefined symbol: PMIx_Info_create").
 # 2.28.3 is the system NCCL; 2.28.9 is the torch wheel's.

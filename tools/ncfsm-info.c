@@ -23,10 +23,8 @@
 
 #include "core/backend.h"
 #include "core/log.h"
+#include "core/nccl_dl.h" /* NCFSM__NCCL_OPTIONAL in every build; its functions with NCFSM_HAVE_NCCL */
 #include "ncfsm.h"
-#ifdef NCFSM_HAVE_NCCL
-#include "core/nccl_dl.h"
-#endif
 
 #define MAX_GPUS 64
 
@@ -39,21 +37,29 @@ typedef struct gpu {
   char note[256];
 } gpu;
 
+/* The optional NCCL entry points: the backend's table (core/nccl_dl.h). */
 typedef struct optional_ep {
   const char *name;
-  unsigned bit;
-  const char *since;
+  int since;
+  unsigned bit; /* 0: reported, not used by ncfsm */
   const char *rule;
+  const char *use;
 } optional_ep;
 
 static const optional_ep optionals[] = {
-    {"ncclCommRevoke", NCFSM__HAS_REVOKE, "2.28.7", "R6"},
-    {"ncclCommShrink", NCFSM__HAS_SHRINK, "2.27.3", "R7"},
-    {"ncclAlltoAll", NCFSM__HAS_ALLTOALL, "2.28.3", ""},
-    {"ncclGather", NCFSM__HAS_GATHER, "2.28.3", ""},
-    {"ncclScatter", NCFSM__HAS_SCATTER, "2.28.3", ""},
+#define NCFSM_INFO_OPTIONAL(name, since, bit, rule, use) {#name, since, bit, rule, use},
+    NCFSM__NCCL_OPTIONAL(NCFSM_INFO_OPTIONAL)
+#undef NCFSM_INFO_OPTIONAL
 };
 #define N_OPTIONALS (sizeof optionals / sizeof optionals[0])
+
+/* "yes", "no", "old" (exported, but the runtime is older than the version
+ * that brought it: not used), "?" (no NCCL loaded). */
+static const char *optional_status(int loaded, uint64_t exported, uint64_t used, size_t i) {
+  if (!loaded) return "?";
+  if (used & (1ull << i)) return "yes";
+  return exported & (1ull << i) ? "old" : "no";
+}
 
 typedef struct setting {
   const char *env;
@@ -123,6 +129,7 @@ typedef struct report {
   int nccl_loaded, nccl_version;
   char nccl_path[1024], nccl_why[512];
   unsigned features;
+  uint64_t opt_exported, opt_used; /* bit i: optionals[i] */
   int cudart_loaded, cudart_version, driver_version, has_stream_get_device;
   char cudart_path[1024], cudart_why[512];
   int ngpus;
@@ -265,6 +272,8 @@ static void gather(report *r) {
   snprintf(r->nccl_path, sizeof r->nccl_path, "%s", in.nccl_path);
   snprintf(r->nccl_why, sizeof r->nccl_why, "%s", in.nccl_why);
   r->features = in.features;
+  r->opt_exported = in.opt_exported;
+  r->opt_used = in.opt_used;
   r->cudart_loaded = in.cudart_loaded;
   r->cudart_version = in.cudart_version;
   r->driver_version = in.driver_version;
@@ -362,9 +371,10 @@ static void print_text(const report *r) {
   printf("\nOptional NCCL entry points\n");
   for (size_t i = 0; i < N_OPTIONALS; i++) {
     const optional_ep *o = &optionals[i];
-    printf("  %-16s %-4s (NCCL >= %s%s%s)\n", o->name,
-           !r->nccl_loaded ? "?" : (r->features & o->bit) ? "yes" : "no", o->since, o->rule[0] ? ", " : "",
-           o->rule);
+    nccl_ver(o->since, a, sizeof a);
+    printf("  %-24s %-4s (NCCL >= %s%s%s)%s%s\n", o->name,
+           optional_status(r->nccl_loaded, r->opt_exported, r->opt_used, i), a, o->rule[0] ? ", " : "", o->rule,
+           o->bit ? "" : "  reported only: ", o->bit ? "" : o->use);
   }
 
   printf("\nBackend\n");
@@ -415,12 +425,18 @@ static json_t *to_json(const report *r) {
   }
   json_t *opt = json_object();
   for (size_t i = 0; i < N_OPTIONALS; i++) {
+    const optional_ep *e = &optionals[i];
     json_t *o = json_object();
-    json_object_set_new(o, "present",
-                        r->nccl_loaded ? json_boolean((r->features & optionals[i].bit) != 0) : json_null());
-    json_object_set_new(o, "since", json_string(optionals[i].since));
-    if (optionals[i].rule[0]) json_object_set_new(o, "rule", json_string(optionals[i].rule));
-    json_object_set_new(opt, optionals[i].name, o);
+    int exported = (r->opt_exported >> i) & 1, used = (r->opt_used >> i) & 1;
+    json_object_set_new(o, "present", r->nccl_loaded ? json_boolean(used) : json_null());
+    json_object_set_new(o, "exported", r->nccl_loaded ? json_boolean(exported) : json_null());
+    nccl_ver(e->since, a, sizeof a);
+    json_object_set_new(o, "since", json_string(a));
+    json_object_set_new(o, "since_code", json_integer(e->since));
+    if (e->rule[0]) json_object_set_new(o, "rule", json_string(e->rule));
+    json_object_set_new(o, "used_by_ncfsm", json_boolean(e->bit != 0));
+    json_object_set_new(o, "use", json_string(e->use));
+    json_object_set_new(opt, e->name, o);
   }
   json_object_set_new(nccl, "optional", opt);
   json_object_set_new(root, "nccl", nccl);

@@ -2,8 +2,9 @@
  * The sim's model of communicators made from communicators, on the raw sim
  * backend (core/backend.h): ncclCommSplit (R8), ncclCommShrink (R7, with
  * R6 revoke), ncclCommGetUniqueId + ncclCommGrow (NCCL 2.29), dead ranks
- * (ncfsm_sim_opts.dead), and a shrink that excludes a process killed with
- * SIGKILL (forked ranks). docs/sim.md, "Split, shrink, grow and dead ranks".
+ * (ncfsm_sim_opts.dead), a shrink that excludes a process killed with
+ * SIGKILL (forked ranks), and NCCL 2.31.2's hang in a destroy of a parent
+ * shrunk with NCCL_SHRINK_ABORT. docs/sim.md, "Split, shrink, grow and dead ranks".
  *
  * What a nonblocking parent goes through (R8): the call returns
  * ncclInProgress (ncclSuccess inside a group, whose end returns
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/backend.h"
+#include "core/log.h"
 #include "core/sim/sim-internal.h"
 #include "core/sim/sim.h"
 #include "helpers.h"
@@ -500,6 +502,81 @@ static void test_shrink_after_revoke(void **state) {
   }
 }
 
+/* NCCL 2.31.2 (pytorch#194679): after an NCCL_SHRINK_ABORT shrink, a
+ * survivor that finalizes or destroys the parent hangs: commDestroySync's
+ * untimed intra-node barrier waits for the excluded rank, which aborted its
+ * parent. The sim modelling 2.31.2 blocks such a destroy for
+ * NCFSM_SIM_WAIT_MS, then returns ncclSystemError with the comm alive (abort
+ * still ends it); a nonblocking finalize stays InProgress; a blocking one
+ * waits and fails alike. Modelling 2.30.7, the sim refuses both at once
+ * (ncclInvalidUsage, R7). The engine refuses them before the backend. */
+static void test_shrink_abort_destroy_hang(void **state) {
+  (void)state;
+  setenv("NCFSM_SIM_WAIT_MS", "200", 1);
+  for (int v = 0; v < 2; v++) {
+    setenv("NCFSM_SIM_NCCL_VERSION", v ? "23102" : "23007", 1);
+    enum { N = 4 };
+    ncfsm_sim_opts so;
+    test_sim_opts(&so);
+    void *p[N], *ch[3] = {NULL}, *b[3], *bch[2] = {NULL};
+    raw_init(p, N, &so, 0);
+    raw_init(b, 3, &so, 1);
+    const int ex[1] = {3}, bex[1] = {2};
+    ncfsm__comm_config ccfg = {0, 0, &so, "shrunk"}, bcfg = {1, 0, &so, "bshrunk"};
+    assert_int_equal(be->abort(p[3]), OK); /* the excluded ranks release their parents with abort */
+    assert_int_equal(be->abort(b[2]), OK);
+    for (int r = 0; r < 3; r++) assert_int_equal(be->comm_shrink(p[r], ex, 1, &ch[r], &ccfg, NCFSM__SHRINK_ABORT), IP);
+    for (int r = 0; r < 3; r++) assert_int_equal(poll_final(p[r]), OK);
+    for (int r = 0; r < 3; r++) assert_int_equal(poll_final(ch[r]), OK);
+    be->group_start(); /* blocking ranks driven by one thread: one group */
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(be->comm_shrink(b[r], bex, 1, &bch[r], &bcfg, NCFSM__SHRINK_ABORT), OK);
+    assert_int_equal(be->group_end(), OK);
+    for (int r = 0; r < 2; r++) assert_non_null(bch[r]);
+    uint64_t t0 = ncfsm__now_ns();
+    int rc = be->destroy(p[0]);
+    uint64_t waited_ms = (ncfsm__now_ns() - t0) / 1000000u;
+    if (!v) {
+      assert_int_equal(rc, E_USAGE);
+      assert_true(last_has("only ncclCommGetAsyncError and ncclCommAbort are allowed"));
+      assert_int_equal(be->finalize(p[1]), E_USAGE);
+      assert_int_equal(be->finalize(b[0]), E_USAGE);
+    } else {
+      assert_int_equal(rc, NCFSM__NCCL_SYSTEM_ERROR);
+      assert_true(waited_ms >= 200); /* it blocked for the whole wait */
+      assert_true(last_has("ncclCommDestroy: rank 0: the parent of an NCCL_SHRINK_ABORT shrink did not return"));
+      assert_true(last_has("since NCCL 2.31.2"));
+      assert_int_equal(stats(p[0]).destroys, 1); /* still a live comm */
+      assert_int_equal(poll1(p[0]), NCFSM__NCCL_SYSTEM_ERROR);
+      assert_int_equal(be->finalize(p[1]), IP); /* nonblocking: InProgress for ever */
+      for (int i = 0; i < 200; i++) assert_int_equal(poll1(p[1]), IP);
+      t0 = ncfsm__now_ns();
+      assert_int_equal(be->finalize(b[0]), NCFSM__NCCL_SYSTEM_ERROR); /* blocking: waits, then fails */
+      assert_true((ncfsm__now_ns() - t0) / 1000000u >= 200);
+      assert_true(last_has("ncclCommFinalize: rank 0: the parent of an NCCL_SHRINK_ABORT shrink"));
+    }
+    /* the children are healthy; abort ends every parent */
+    void *stream;
+    assert_int_equal(be->stream_create(0, &stream), 0);
+    int32_t in[3] = {1, 2, 3}, out[3];
+    allreduce_all(ch, 3, in, out, stream);
+    for (int r = 0; r < 3; r++) assert_int_equal(out[r], 6);
+    abort_all(ch, 3);
+    abort_all(bch, 2);
+    abort_all(p, 3);
+    abort_all(b, 2);
+    be->stream_destroy(stream);
+  }
+}
+
+/* Also when a check above failed: the next tests model the default version. */
+static int unset_version_env(void **state) {
+  (void)state;
+  unsetenv("NCFSM_SIM_NCCL_VERSION");
+  unsetenv("NCFSM_SIM_WAIT_MS");
+  return 0;
+}
+
 /* An excluded rank must not call it (R7): ncclInvalidArgument, and like any
  * argument error on a nonblocking comm it poisons it. */
 static void test_shrink_excluded_caller(void **state) {
@@ -806,6 +883,7 @@ int main(void) {
       cmocka_unit_test(test_shrink_abort_dead_rank),
       cmocka_unit_test(test_shrink_after_revoke),
       cmocka_unit_test(test_shrink_excluded_caller),
+      cmocka_unit_test_teardown(test_shrink_abort_destroy_hang, unset_version_env),
       cmocka_unit_test(test_grow_refused_without_has_grow),
       cmocka_unit_test(test_grow),
       cmocka_unit_test(test_dead_rank_split_hangs),
