@@ -5,10 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "core/settings.h"
 #include "ncfsm.h"
 
 int ncfsm__log_level = NCFSM__LOG_WARN;
@@ -16,28 +16,20 @@ unsigned ncfsm__log_subsys = NCFSM__SUB_ALL;
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
+/* NCFSM_DEBUG and NCFSM_DEBUG_SUBSYS through the settings table: their
+ * words are the levels and the subsystem bits in order. A bad value keeps
+ * the default and is printed (the level is still WARN then). */
 static void log_init_once(void) {
-  const char *lvl = getenv("NCFSM_DEBUG");
-  if (lvl) {
-    if (!strcasecmp(lvl, "NONE")) ncfsm__log_level = NCFSM__LOG_NONE;
-    else if (!strcasecmp(lvl, "ERROR")) ncfsm__log_level = NCFSM__LOG_ERROR;
-    else if (!strcasecmp(lvl, "WARN")) ncfsm__log_level = NCFSM__LOG_WARN;
-    else if (!strcasecmp(lvl, "INFO")) ncfsm__log_level = NCFSM__LOG_INFO;
-    else if (!strcasecmp(lvl, "TRACE")) ncfsm__log_level = NCFSM__LOG_TRACE;
-  }
-  const char *sub = getenv("NCFSM_DEBUG_SUBSYS");
-  if (sub) {
-    static const struct { const char *name; unsigned bit; } names[] = {
-        {"FSM", NCFSM__SUB_FSM}, {"LOOP", NCFSM__SUB_LOOP}, {"BACKEND", NCFSM__SUB_BACKEND},
-        {"SIM", NCFSM__SUB_SIM}, {"BOOT", NCFSM__SUB_BOOT}, {"ALL", NCFSM__SUB_ALL}};
-    unsigned mask = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", sub);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-      for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcasecmp(tok, names[i].name)) mask |= names[i].bit;
-    if (mask) ncfsm__log_subsys = mask;
-  }
+  ncfsm__setting_val v;
+  char err[400];
+  if (ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_DEBUG], &v, err, sizeof err) == 0)
+    ncfsm__log_level = (int)v.u;
+  else
+    NCFSM_WARN(NCFSM__SUB_ALL, "%s", err);
+  if (ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_DEBUG_SUBSYS], &v, err, sizeof err) == 0)
+    ncfsm__log_subsys = (v.u & (1u << 5)) ? NCFSM__SUB_ALL : (unsigned)v.u; /* word 5: ALL */
+  else
+    NCFSM_WARN(NCFSM__SUB_ALL, "%s", err);
 }
 
 void ncfsm__log_init(void) { pthread_once(&log_once, log_init_once); }
@@ -66,17 +58,4 @@ uint64_t ncfsm__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-long long ncfsm__env_ll(const char *name, long long dflt) {
-  const char *v = getenv(name);
-  if (!v || !*v) return dflt;
-  char *end;
-  long long x = strtoll(v, &end, 0);
-  return *end ? dflt : x;
-}
-
-const char *ncfsm__env_str(const char *name, const char *dflt) {
-  const char *v = getenv(name);
-  return (v && *v) ? v : dflt;
 }

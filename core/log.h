@@ -34,7 +34,11 @@ void ncfsm__log_emit(int level, unsigned subsys, const char *file, int line, con
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t ncfsm__now_ns(void);
 
-/* Environment helpers: the value, or dflt when unset or unparsable. */
+/* Environment helpers of the readers that do not use the settings table
+ * (core/settings.h) yet: the value, or dflt when unset or empty. Every
+ * variable read has a row in core/settings.def; a value the row refuses is
+ * logged with the table's message, and a number then falls back to dflt while
+ * text is passed on unchanged (defined in core/settings_opts.c). */
 long long ncfsm__env_ll(const char *name, long long dflt);
 const char *ncfsm__env_str(const char *name, const char *dflt);
 

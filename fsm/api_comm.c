@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/settings.h"
 #include "fsm/api-int.h"
 
 #define LOCK NCFSM__LOCK
@@ -16,33 +17,7 @@
 
 /* ---- options ------------------------------------------------------------------- */
 
-void ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
-  memset(o, 0, sizeof *o);
-  o->backend = NCFSM_BACKEND_AUTO;
-  o->blocking = (int)ncfsm__env_ll("NCFSM_BLOCKING", 0);
-  o->device = (int)ncfsm__env_ll("NCFSM_DEVICE", 0);
-  o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_TIMEOUT_MS", NCFSM_DEFAULT_TIMEOUT_MS);
-  o->timing = (int)ncfsm__env_ll("NCFSM_TIMING", 0);
-  o->trace_buffer = (unsigned)ncfsm__env_ll("NCFSM_TRACE_BUFFER", 2048);
-  o->dump_dir = ncfsm__env_str("NCFSM_DUMP_DIR", NULL);
-  const char *vm = ncfsm__env_str("NCFSM_VERIFY", "off");
-  o->verify = !strcmp(vm, "async") ? NCFSM_VERIFY_ASYNC : !strcmp(vm, "strict") ? NCFSM_VERIFY_STRICT : NCFSM_VERIFY_OFF;
-  if (strcmp(vm, "off") && o->verify == NCFSM_VERIFY_OFF)
-    NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "NCFSM_VERIFY=%s is not off, async or strict: verification is off", vm);
-  o->verify_window = (unsigned)ncfsm__env_ll("NCFSM_VERIFY_WINDOW", 64);
-  o->init_roots = (int)ncfsm__env_ll("NCFSM_INIT_ROOTS", 1);
-  o->verify_stall_ms = (uint64_t)ncfsm__env_ll("NCFSM_VERIFY_STALL_MS", 5000);
-  const char *vc = ncfsm__env_str("NCFSM_VERIFY_CHANNEL", "bootstrap");
-  o->verify_channel = !strcmp(vc, "nccl") ? NCFSM_VERIFY_CHANNEL_NCCL : NCFSM_VERIFY_CHANNEL_BOOTSTRAP;
-  if (strcmp(vc, "nccl") && strcmp(vc, "bootstrap"))
-    NCFSM_LOG(NCFSM__LOG_WARN, NCFSM__SUB_FSM, "NCFSM_VERIFY_CHANNEL=%s is not bootstrap or nccl: bootstrap", vc);
-  const char *p = ncfsm__env_str("NCFSM_ON_ERROR", "abort");
-  o->on_error = !strcmp(p, "stay")     ? NCFSM_ON_ERROR_STAY
-                : !strcmp(p, "exit")   ? NCFSM_ON_ERROR_EXIT
-                : !strcmp(p, "revoke") ? NCFSM_ON_ERROR_REVOKE
-                : !strcmp(p, "shrink") ? NCFSM_ON_ERROR_SHRINK
-                                       : NCFSM_ON_ERROR_ABORT;
-}
+/* ncfsm_comm_opts_init: core/settings_opts.c (from the settings table). */
 
 ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id *id) {
   if (!id) return NCFSM_ERR_INVALID_ARGUMENT;
@@ -62,10 +37,17 @@ ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id
 static ncfsm_result_t comm_make(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out) {
   ncfsm_comm *c = calloc(1, sizeof *c);
   if (!c) return NCFSM_ERR_NO_MEMORY;
+  /* Options from the caller checked, or from the environment (core/settings.def). */
+  ncfsm_result_t st = opts ? ncfsm__comm_opts_check(opts, "ncfsm_comm_new") : ncfsm_comm_opts_init(&c->opts);
   if (opts) c->opts = *opts;
-  else ncfsm_comm_opts_init(&c->opts);
+  if (st == NCFSM_OK)
+    st = c->opts.sim ? ncfsm__sim_opts_check(c->opts.sim, "ncfsm_comm_new") : ncfsm__sim_opts_fill(&c->sim);
+  if (st != NCFSM_OK) {
+    ncfsm__loop_error(loop, "%s", ncfsm_opts_error());
+    free(c);
+    return st;
+  }
   if (c->opts.sim) c->sim = *c->opts.sim;
-  else ncfsm_sim_opts_init(&c->sim);
   c->opts.sim = &c->sim;
   snprintf(c->name, sizeof c->name, "%s", c->opts.name ? c->opts.name : "comm");
   c->opts.name = c->name;

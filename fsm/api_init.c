@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/settings.h"
 #include "fsm/init.h"
 #include "fsm/verify.h"
 #include "ncfsm/bootstrap.h"
@@ -88,10 +89,14 @@ ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opt
                                    ncfsm_comm **comms) {
   if (!ncfsm__loop_ok(loop) || n < 1 || !comms) return NCFSM_ERR_INVALID_ARGUMENT;
   ncfsm_comm_opts o;
+  ncfsm_result_t r;
   if (opts) o = *opts;
-  else ncfsm_comm_opts_init(&o);
+  else if ((r = ncfsm_comm_opts_init(&o)) != NCFSM_OK) {
+    ncfsm__loop_error(loop, "%s", ncfsm_opts_error());
+    return r;
+  }
   ncfsm_unique_id id;
-  ncfsm_result_t r = ncfsm_get_unique_id(o.backend, &id);
+  r = ncfsm_get_unique_id(o.backend, &id);
   if (r != NCFSM_OK) return r;
   int i;
   for (i = 0; i < n; i++) {

@@ -15,34 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/settings.h"
 #include "fsm/loop-int.h"
 
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
 static int evthread_rc;
 static void evthread_init(void) { evthread_rc = evthread_use_pthreads(); }
 
-void ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
-  memset(o, 0, sizeof *o);
-  const char *ov = ncfsm__env_str("NCFSM_OVERLAP", "reject");
-  o->overlap = !strcmp(ov, "warn") ? NCFSM_OVERLAP_WARN
-               : !strcmp(ov, "off") ? NCFSM_OVERLAP_OFF
-                                    : NCFSM_OVERLAP_REJECT;
-  o->poll_burst = (unsigned)ncfsm__env_ll("NCFSM_POLL_BURST", 64);
-  o->poll_burst_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_BURST_US", 200);
-  o->poll_max_us = (unsigned)ncfsm__env_ll("NCFSM_POLL_MAX_US", 100);
-  o->coalesce_max = (unsigned)ncfsm__env_ll("NCFSM_COALESCE_MAX", 64);
-  o->dump_on_signal = (int)ncfsm__env_ll("NCFSM_DUMP_SIGNAL", 0);
-  if (o->coalesce_max == 0) o->coalesce_max = 1;
-  const char *cm = ncfsm__env_str("NCFSM_COMPLETION", "auto");
-  o->completion = !strcmp(cm, "push")   ? NCFSM_COMPLETION_PUSH
-                  : !strcmp(cm, "auto") ? NCFSM_COMPLETION_AUTO
-                                        : NCFSM_COMPLETION_POLL;
-  if (strcmp(cm, "push") && strcmp(cm, "poll") && strcmp(cm, "auto"))
-    NCFSM_WARN(NCFSM__SUB_LOOP, "NCFSM_COMPLETION=%s is not poll, push or auto: poll", cm);
-  o->push_fallback_us = (unsigned)ncfsm__env_ll("NCFSM_PUSH_FALLBACK_US", 10000);
-  if (o->push_fallback_us == 0) o->push_fallback_us = 1;
-  o->push_after_us = (unsigned)ncfsm__env_ll("NCFSM_PUSH_AFTER_US", 2000);
-}
+/* ncfsm_loop_opts_init: core/settings_opts.c (from the settings table). */
 
 static _Atomic uint64_t loop_ids;
 
@@ -163,16 +143,14 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   if (evthread_rc != 0) return NCFSM_ERR_SYSTEM;
   ncfsm_loop *loop = calloc(1, sizeof *loop);
   if (!loop) return NCFSM_ERR_NO_MEMORY;
-  if (opts) loop->opts = *opts;
-  else ncfsm_loop_opts_init(&loop->opts);
-  if (loop->opts.coalesce_max == 0) loop->opts.coalesce_max = 1;
-  if (loop->opts.poll_max_us == 0) loop->opts.poll_max_us = 1;
-  if (loop->opts.completion < NCFSM_COMPLETION_POLL || loop->opts.completion > NCFSM_COMPLETION_AUTO) {
-    NCFSM_WARN(NCFSM__SUB_LOOP, "ncfsm_loop_new: opts.completion %d is not NCFSM_COMPLETION_POLL, _PUSH or _AUTO "
-                                "(start from ncfsm_loop_opts_init)", loop->opts.completion);
+  /* Options from the caller checked, or from the environment (core/settings.def);
+   * the message: ncfsm_opts_error(). */
+  ncfsm_result_t st = opts ? ncfsm__loop_opts_check(opts, "ncfsm_loop_new") : ncfsm_loop_opts_init(&loop->opts);
+  if (st != NCFSM_OK) {
     free(loop);
-    return NCFSM_ERR_INVALID_ARGUMENT;
+    return st;
   }
+  if (opts) loop->opts = *opts;
   if (own) {
     /* Precise timers (timerfd): the poll back-off is in microseconds, and
      * epoll_wait's millisecond rounding would turn a 1 us poll into ~4 ms

@@ -125,7 +125,21 @@ typedef struct ncfsm_loop_opts {
 } ncfsm_loop_opts;
 enum { NCFSM_COMPLETION_POLL = 0, NCFSM_COMPLETION_PUSH = 1, NCFSM_COMPLETION_AUTO = 2 };
 
-void ncfsm_loop_opts_init(ncfsm_loop_opts *o); /* defaults, then NCFSM_* environment */
+/* Defaults, then the NCFSM_* environment (every variable, its accepted values
+ * and the field it fills: docs/settings.md). NCFSM_OK, or
+ * NCFSM_ERR_INVALID_ARGUMENT when a variable has a value it does not accept
+ * (NCFSM_TIMEOUT_MS=-5, NCFSM_ON_ERROR=explode, ...): that field keeps its
+ * default, the message (the variable, the value, what is accepted, what to
+ * do) is logged as a WARN and ncfsm_opts_error() returns it. ncfsm_loop_new
+ * and ncfsm_comm_new with NULL opts call these and fail the same way; with
+ * opts, they check every field and refuse a value out of its range. */
+ncfsm_result_t ncfsm_loop_opts_init(ncfsm_loop_opts *o);
+/* Why the last options call of this thread (ncfsm_*_opts_init, or
+ * ncfsm_loop_new / _new_embedded / ncfsm_comm_new refusing a setting) failed;
+ * "" when it did not. Kept per thread, as errno is, because a refused
+ * ncfsm_loop_new leaves no handle to ask; ncfsm_comm_new also puts it in
+ * ncfsm_loop_last_error(loop). */
+const char *ncfsm_opts_error(void);
 
 /* A loop with its own event_base. */
 ncfsm_result_t ncfsm_loop_new(const ncfsm_loop_opts *opts, ncfsm_loop **out);
@@ -206,7 +220,10 @@ typedef struct ncfsm_sim_opts {
                               children made from it */
 } ncfsm_sim_opts;
 
-void ncfsm_sim_opts_init(ncfsm_sim_opts *o); /* defaults, then NCFSM_SIM_* environment */
+/* Defaults, then the NCFSM_SIM_* environment (docs/settings.md). A value the
+ * sim does not accept is logged and its default kept; ncfsm_comm_new with
+ * opts.sim NULL refuses it (NCFSM_ERR_INVALID_ARGUMENT, ncfsm_opts_error). */
+void ncfsm_sim_opts_init(ncfsm_sim_opts *o);
 
 /* The watchdog's default deadline (10 minutes, PyTorch's default too). */
 #define NCFSM_DEFAULT_TIMEOUT_MS 600000u
@@ -276,7 +293,8 @@ typedef struct ncfsm_comm_opts {
                                    automatic dumps (default NCFSM_DUMP_DIR) */
 } ncfsm_comm_opts;
 
-void ncfsm_comm_opts_init(ncfsm_comm_opts *o); /* defaults, then NCFSM_* environment */
+/* Defaults, then the NCFSM_* environment; as ncfsm_loop_opts_init. */
+ncfsm_result_t ncfsm_comm_opts_init(ncfsm_comm_opts *o);
 
 #define NCFSM_UNIQUE_ID_BYTES 128
 typedef struct ncfsm_unique_id {

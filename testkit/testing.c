@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/settings.h"
 #include "core/sim/sim-faults.h"
 #include "fsm/objects.h"
 #include "ncfsm/testing.h"
@@ -100,22 +101,14 @@ ncfsm_result_t ncfsm_test_begin(const ncfsm_test_opts *opts, ncfsm_test **out) {
   if (opts) o = *opts;
   else ncfsm_test_opts_init(&o);
   uint64_t seed = o.seed ? o.seed : fresh_seed();
-  const char *env = getenv("NCFSM_TEST_SEED");
-  if (env && *env) {
-    if (!strcmp(env, "random")) {
-      seed = fresh_seed();
-    } else {
-      char *end = NULL;
-      errno = 0;
-      unsigned long long v = strtoull(env, &end, 0);
-      if (errno || !end || *end || env[0] == '-') {
-        fprintf(stderr, "ncfsm testing: NCFSM_TEST_SEED=\"%s\" is not a seed: give a number (decimal or "
-                "0x hex) or \"random\"\n", env);
-        return NCFSM_ERR_INVALID_ARGUMENT;
-      }
-      seed = v;
-    }
+  ncfsm__setting_val env; /* NCFSM_TEST_SEED: a number, or "random" (core/settings.def) */
+  char why[400];
+  if (ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_TEST_SEED], &env, why, sizeof why) != 0) {
+    fprintf(stderr, "ncfsm testing: %s\n", why);
+    return NCFSM_ERR_INVALID_ARGUMENT;
   }
+  if (env.word == 0) seed = fresh_seed();
+  else if (env.s) seed = env.u;
   ncfsm_test *t = calloc(1, sizeof *t);
   if (!t) return NCFSM_ERR_NO_MEMORY;
   pthread_mutex_init(&t->mu, NULL);

@@ -7,8 +7,10 @@
  * Reports the ncfsm version; the NCCL headers it was built with and the NCCL
  * runtime that dlopen finds (with its path); the CUDA runtime and driver;
  * the visible GPUs; which optional NCCL entry points exist (R6, R7); the
- * backend NCFSM_BACKEND=auto would pick and why; and the effective NCFSM_*
- * configuration. Always exits 0 once the report is printed (no GPU is a
+ * backend NCFSM_BACKEND=auto would pick and why; and every variable of the
+ * settings table (core/settings.def, docs/settings.md): its effective value,
+ * whether it comes from the environment or the default, and for a value the
+ * table refuses, the error (secrets are never printed). Always exits 0 once the report is printed (no GPU is a
  * finding, not an error); 2 for bad arguments, 1 when the report could not
  * be produced.
  */
@@ -24,6 +26,7 @@
 #include "core/backend.h"
 #include "core/log.h"
 #include "core/nccl_dl.h" /* NCFSM__NCCL_OPTIONAL in every build; its functions with NCFSM_HAVE_NCCL */
+#include "core/settings.h"
 #include "ncfsm.h"
 
 #define MAX_GPUS 64
@@ -61,67 +64,13 @@ static const char *optional_status(int loaded, uint64_t exported, uint64_t used,
   return exported & (1ull << i) ? "old" : "no";
 }
 
+/* One environment variable of the settings table (core/settings.def). */
 typedef struct setting {
-  const char *env;
-  char value[128];   /* effective */
-  const char *raw;   /* getenv, NULL when unset */
-  const char *note;  /* "" or why the raw value was not used */
+  const ncfsm__setting *row;
+  char value[160];  /* effective, as the table writes it; "invalid" when refused */
+  const char *raw;  /* getenv, NULL when unset (never printed for a secret) */
+  char error[400];  /* "" or why the table refuses raw */
 } setting;
-
-/* The NCFSM_* settings reported, in order: ENV, the check of its raw value
- * (a *_note function and its argument), then the printf format and arguments
- * of the effective value. The list is expanded twice: to size the array
- * (N_SETTINGS) and, in gather_settings, to fill it, so the two cannot
- * disagree. The arguments name locals of gather_settings. */
-#define NCFSM_INFO_SETTINGS(X)                                                           \
-  X("NCFSM_BACKEND", backend_note, backends, "%s", be)                                   \
-  X("NCFSM_BLOCKING", numeric_note, NULL, "%d", co.blocking)                             \
-  X("NCFSM_DEVICE", numeric_note, NULL, "%d", co.device)                                 \
-  X("NCFSM_TIMEOUT_MS", numeric_note, NULL, "%llu%s", (unsigned long long)co.timeout_ms, \
-    co.timeout_ms ? "" : " (off)")                                                       \
-  X("NCFSM_ON_ERROR", choice_note, on_error, "%s",                                       \
-    co.on_error == NCFSM_ON_ERROR_STAY     ? "stay"                                      \
-    : co.on_error == NCFSM_ON_ERROR_EXIT   ? "exit"                                      \
-    : co.on_error == NCFSM_ON_ERROR_REVOKE ? "revoke"                                    \
-                                           : "abort")                                    \
-  X("NCFSM_OVERLAP", choice_note, overlap, "%s",                                         \
-    lo.overlap == NCFSM_OVERLAP_WARN  ? "warn"                                           \
-    : lo.overlap == NCFSM_OVERLAP_OFF ? "off"                                            \
-                                      : "reject")                                        \
-  X("NCFSM_POLL_BURST", numeric_note, NULL, "%u", lo.poll_burst)                         \
-  X("NCFSM_POLL_BURST_US", numeric_note, NULL, "%u", lo.poll_burst_us)                   \
-  X("NCFSM_POLL_MAX_US", numeric_note, NULL, "%u", lo.poll_max_us)                       \
-  X("NCFSM_COALESCE_MAX", numeric_note, NULL, "%u%s", lo.coalesce_max,                   \
-    lo.coalesce_max == 1 ? " (off)" : "")                                                \
-  X("NCFSM_COMPLETION", choice_note, completion, "%s",                                   \
-    lo.completion == NCFSM_COMPLETION_PUSH   ? "push"                                    \
-    : lo.completion == NCFSM_COMPLETION_AUTO ? "auto"                                    \
-                                             : "poll")                                   \
-  X("NCFSM_PUSH_FALLBACK_US", numeric_note, NULL, "%u", lo.push_fallback_us)             \
-  X("NCFSM_PUSH_AFTER_US", numeric_note, NULL, "%u", lo.push_after_us)                   \
-  X("NCFSM_PUSH_WAKE", choice_note, push_wake, "%s", push_wake_value())                  \
-  X("NCFSM_INIT_ROOTS", numeric_note, NULL, "%d", co.init_roots)                         \
-  X("NCFSM_TIMING", numeric_note, NULL, "%d%s", co.timing, co.timing ? "" : " (off)")    \
-  X("NCFSM_TRACE_BUFFER", numeric_note, NULL, "%u%s", co.trace_buffer,                   \
-    co.trace_buffer ? "" : " (off)")                                                     \
-  X("NCFSM_DUMP_DIR", no_note, NULL, "%s", co.dump_dir && *co.dump_dir ? co.dump_dir     \
-                                                                       : "(none)") \
-  X("NCFSM_DUMP_SIGNAL", numeric_note, NULL, "%d%s", lo.dump_on_signal,                  \
-    lo.dump_on_signal ? "" : " (off)")                                                   \
-  X("NCFSM_VERIFY", choice_note, verify, "%s",                                           \
-    co.verify == NCFSM_VERIFY_ASYNC    ? "async"                                         \
-    : co.verify == NCFSM_VERIFY_STRICT ? "strict"                                        \
-                                       : "off")                                          \
-  X("NCFSM_VERIFY_WINDOW", numeric_note, NULL, "%u", co.verify_window)                   \
-  X("NCFSM_VERIFY_CHANNEL", choice_note, verify_channel, "%s",                           \
-    co.verify_channel == NCFSM_VERIFY_CHANNEL_NCCL ? "nccl" : "bootstrap")               \
-  X("NCFSM_VERIFY_STALL_MS", numeric_note, NULL, "%llu%s",                               \
-    (unsigned long long)co.verify_stall_ms, co.verify_stall_ms ? "" : " (never)")        \
-  X("NCFSM_DEBUG", choice_note_ci, levels, "%s", level_name(ncfsm__log_level))           \
-  X("NCFSM_DEBUG_SUBSYS", no_note, NULL, "%s", sub)
-
-#define NCFSM_INFO_COUNT_ONE(...) +1
-enum { N_SETTINGS = 0 NCFSM_INFO_SETTINGS(NCFSM_INFO_COUNT_ONE) };
 
 typedef struct report {
   int have_nccl_build;
@@ -141,7 +90,8 @@ typedef struct report {
   char auto_why[640];
   const char *env_pick; /* what NCFSM_BACKEND as set resolves to (NULL: error) */
   char env_why[512];
-  setting settings[N_SETTINGS];
+  setting settings[NCFSM__SET_COUNT];
+  int n_settings;
 } report;
 
 /* ---- helpers ----------------------------------------------------------------------------- */
@@ -157,106 +107,24 @@ static void nccl_ver(int code, char *buf, size_t len) {
   else snprintf(buf, len, "%d.%d.%d", code / 1000, code % 1000 / 100, code % 100);
 }
 
-static const char *level_name(int lvl) {
-  static const char *names[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE"};
-  return lvl >= 0 && lvl <= NCFSM__LOG_TRACE ? names[lvl] : "?";
-}
-
-static void subsys_names(unsigned mask, char *buf, size_t len) {
-  static const struct { const char *name; unsigned bit; } names[] = {
-      {"FSM", NCFSM__SUB_FSM}, {"LOOP", NCFSM__SUB_LOOP}, {"BACKEND", NCFSM__SUB_BACKEND},
-      {"SIM", NCFSM__SUB_SIM}, {"BOOT", NCFSM__SUB_BOOT}};
-  if (mask == NCFSM__SUB_ALL) {
-    snprintf(buf, len, "ALL");
-    return;
-  }
-  size_t off = 0;
-  buf[0] = '\0';
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (mask & names[i].bit) {
-      int n = snprintf(buf + off, len - off, "%s%s", off ? "," : "", names[i].name);
-      if (n < 0 || (size_t)n >= len - off) break;
-      off += (size_t)n;
-    }
-}
-
-/* Numeric settings: the library silently uses the default for a value that
- * does not parse; say so. */
-static const char *numeric_note(const char *raw, const char *const *unused) {
-  (void)unused;
-  if (!raw || !*raw) return "";
-  char *end;
-  errno = 0;
-  (void)strtoll(raw, &end, 0);
-  return *end || errno ? "not a number: the default is used" : "";
-}
-
-static const char *choice_note(const char *raw, const char *const *choices) {
-  if (!raw || !*raw) return "";
-  for (; *choices; choices++)
-    if (!strcmp(raw, *choices)) return "";
-  return "unknown value: the default is used";
-}
-
-static const char *no_note(const char *raw, const char *const *unused) {
-  (void)raw;
-  (void)unused;
-  return "";
-}
-
-static const char *choice_note_ci(const char *raw, const char *const *choices) {
-  if (!raw || !*raw) return "";
-  for (; *choices; choices++)
-    if (!strcasecmp(raw, *choices)) return "";
-  return "unknown value: ignored";
-}
-
-/* An unknown NCFSM_BACKEND is not ignored: no backend opens (core/backend.c). */
-static const char *backend_note(const char *raw, const char *const *choices) {
-  return choice_note_ci(raw, choices)[0] ? "unknown value: no backend opens" : "";
-}
-
-/* The nccl backend reads NCFSM_PUSH_WAKE itself (core/backend_nccl.c). */
-static const char *push_wake_value(void) {
-  const char *e = getenv("NCFSM_PUSH_WAKE");
-  return e && !strcmp(e, "event") ? "event" : "hostfn";
-}
-
-static void set(setting *s, const char *env, const char *note, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void set(setting *s, const char *env, const char *note, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(s->value, sizeof s->value, fmt, ap);
-  va_end(ap);
-  s->env = env;
-  s->raw = getenv(env);
-  s->note = note ? note : "";
-}
-
 /* ---- gathering ----------------------------------------------------------------------------- */
 
+/* Every variable of the table: its value from the environment, or the
+ * default, or the table's error. */
 static void gather_settings(report *r) {
-  ncfsm_comm_opts co;
-  ncfsm_loop_opts lo;
-  ncfsm_comm_opts_init(&co);
-  ncfsm_loop_opts_init(&lo);
-  ncfsm__log_init();
-  static const char *const backends[] = {"auto", "sim", "nccl", "null", NULL};
-  static const char *const on_error[] = {"abort", "stay", "exit", "revoke", NULL};
-  static const char *const overlap[] = {"reject", "warn", "off", NULL};
-  static const char *const verify[] = {"off", "async", "strict", NULL};
-  static const char *const completion[] = {"poll", "push", "auto", NULL};
-  static const char *const verify_channel[] = {"bootstrap", "nccl", NULL};
-  static const char *const push_wake[] = {"hostfn", "event", NULL};
-  static const char *const levels[] = {"NONE", "ERROR", "WARN", "INFO", "TRACE", NULL};
-  const char *be = ncfsm__env_str("NCFSM_BACKEND", "auto");
-  char sub[128];
-  subsys_names(ncfsm__log_subsys, sub, sizeof sub);
-  setting *s = r->settings;
-#define NCFSM_INFO_FILL(env, note_fn, note_arg, ...) set(s++, env, note_fn(getenv(env), note_arg), __VA_ARGS__);
-  NCFSM_INFO_SETTINGS(NCFSM_INFO_FILL)
-#undef NCFSM_INFO_FILL
+  for (int i = 0; i < NCFSM__SET_COUNT; i++) {
+    const ncfsm__setting *row = &ncfsm__settings[i];
+    if (!row->env) continue; /* an option field without a variable */
+    setting *s = &r->settings[r->n_settings++];
+    ncfsm__setting_val v;
+    s->row = row;
+    s->raw = getenv(row->env);
+    if (s->raw && !*s->raw) s->raw = NULL; /* empty is unset */
+    if (ncfsm__setting_get(row, &v, s->error, sizeof s->error) == 0)
+      ncfsm__setting_format(row, &v, s->value, sizeof s->value);
+    else
+      snprintf(s->value, sizeof s->value, "invalid");
+  }
 }
 
 static void gather(report *r) {
@@ -385,11 +253,13 @@ static void print_text(const report *r) {
   else
     printf("  as configured             none: %s\n", r->env_why);
 
-  printf("\nConfiguration (effective value; environment)\n");
-  for (size_t i = 0; i < N_SETTINGS; i++) {
+  printf("\nConfiguration (every variable of docs/settings.md: effective value; environment)\n");
+  for (int i = 0; i < r->n_settings; i++) {
     const setting *s = &r->settings[i];
-    printf("  %-22s %-14s %s%s%s%s%s\n", s->env, s->value, s->raw ? "set: \"" : "default", s->raw ? s->raw : "",
-           s->raw ? "\"" : "", s->note[0] ? "; " : "", s->note);
+    int secret = s->row->type == NCFSM__T_SECRET;
+    printf("  %-30s %-16s %s%s%s%s\n", s->row->env, s->value, s->raw ? "set" : "default",
+           s->raw && !secret ? ": \"" : "", s->raw && !secret ? s->raw : "", s->raw && !secret ? "\"" : "");
+    if (s->error[0]) printf("  %-30s %s\n", "", s->error);
   }
 }
 
@@ -478,13 +348,24 @@ static json_t *to_json(const report *r) {
   json_object_set_new(root, "backend", be);
 
   json_t *cfg = json_object();
-  for (size_t i = 0; i < N_SETTINGS; i++) {
+  for (int i = 0; i < r->n_settings; i++) {
     const setting *s = &r->settings[i];
+    const ncfsm__setting *row = s->row;
+    char acc[256];
+    ncfsm__setting_accepted(row, acc, sizeof acc);
     json_t *o = json_object();
     json_object_set_new(o, "value", json_string(s->value));
-    json_object_set_new(o, "env", s->raw ? json_string(s->raw) : json_null());
-    if (s->note[0]) json_object_set_new(o, "note", json_string(s->note));
-    json_object_set_new(cfg, s->env, o);
+    json_object_set_new(o, "env", !s->raw ? json_null()
+                                  : json_string(row->type == NCFSM__T_SECRET ? "(not shown)" : s->raw));
+    json_object_set_new(o, "source", json_string(s->raw ? "environment" : "default"));
+    if (s->error[0]) json_object_set_new(o, "error", json_string(s->error));
+    json_object_set_new(o, "type", json_string(ncfsm__setting_type_name(row->type)));
+    json_object_set_new(o, "default", jstr_or_null(row->dflt));
+    json_object_set_new(o, "accepted", json_string(acc));
+    json_object_set_new(o, "field", jstr_or_null(row->field));
+    json_object_set_new(o, "subsystem", json_string(ncfsm__subsystems[row->subsys].id));
+    json_object_set_new(o, "effect", json_string(row->effect));
+    json_object_set_new(cfg, row->env, o);
   }
   json_object_set_new(root, "config", cfg);
   return root;

@@ -58,7 +58,7 @@ int main(void) {
   ncfsm_loop_set_trace(loop, trace, NULL);
 
   ncfsm_comm_opts o;
-  ncfsm_comm_opts_init(&o);
+  CHECK(ncfsm_comm_opts_init(&o)); /* fails on a refused NCFSM_* value (docs/settings.md) */
   o.name = "lifecycle";
   o.timeout_ms = 30000;
   int devices[NRANKS] = {0, 1};

@@ -540,9 +540,13 @@ int main(int argc, char **argv) {
     else usage(argv[0]);
   }
   if (J.count == 0 || ranks_opt < 0 || ranks_opt > MAXR) usage(argv[0]);
-  J.mpi = !ranks_opt && (getenv("PMIX_RANK") || getenv("NCFSM_STORE_ADDR"));
+  /* One rank per process under a PMIx launcher or with a TCP store
+   * (NCFSM_STORE_ADDR and the other NCFSM_* settings: docs/settings.md). */
+  ncfsm_boot_opts bo;
+  ncfsm_boot_opts_init(&bo);
+  J.mpi = !ranks_opt && (getenv("PMIX_RANK") || bo.store_addr);
 
-  ncfsm_comm_opts_init(&J.opts);
+  CHECK(ncfsm_comm_opts_init(&J.opts));
   J.opts.name = "group_semantics";
   J.opts.timeout_ms = WAIT_MS;
   J.opts.on_error = NCFSM_ON_ERROR_STAY; /* keep a failed comm for the report */
@@ -567,8 +571,6 @@ int main(int argc, char **argv) {
   CHECK(ncfsm_loop_new(NULL, &J.loop));
   ncfsm_loop_set_trace(J.loop, trace, NULL);
   if (J.mpi) {
-    ncfsm_boot_opts bo;
-    ncfsm_boot_opts_init(&bo);
     if (ncfsm_boot_open(ncfsm_loop_base(J.loop), &bo, &J.boot) != NCFSM_OK) {
       fprintf(stderr, "bootstrap: %s\n", ncfsm_boot_open_error());
       return 1;

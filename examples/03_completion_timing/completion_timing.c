@@ -109,10 +109,14 @@ int main(int argc, char **argv) {
   }
   size_t count = bytes / sizeof(int32_t);
   if (count == 0 || warmup < 0 || cycles < 1 || ranks_opt < 0 || ranks_opt > MAXR) usage(argv[0]);
-  int mpi = !ranks_opt && (getenv("PMIX_RANK") || getenv("NCFSM_STORE_ADDR"));
+  /* One rank per process under a PMIx launcher or with a TCP store
+   * (NCFSM_STORE_ADDR and the other NCFSM_* settings: docs/settings.md). */
+  ncfsm_boot_opts bo;
+  ncfsm_boot_opts_init(&bo);
+  int mpi = !ranks_opt && (getenv("PMIX_RANK") || bo.store_addr);
 
   ncfsm_comm_opts o;
-  ncfsm_comm_opts_init(&o);
+  CHECK(ncfsm_comm_opts_init(&o));
   o.name = "completion_timing";
   o.timeout_ms = WAIT_MS;
   o.timing = 1; /* a start event per launch and stream: device time and ready_at_final */
@@ -143,8 +147,6 @@ int main(int argc, char **argv) {
   int nranks, nlocal, rank0 = 0;
   CHECK(ncfsm_loop_new(NULL, &loop));
   if (mpi) {
-    ncfsm_boot_opts bo;
-    ncfsm_boot_opts_init(&bo);
     if (ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &boot) != NCFSM_OK) {
       fprintf(stderr, "bootstrap: %s\n", ncfsm_boot_open_error());
       return 1;

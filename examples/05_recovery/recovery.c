@@ -242,7 +242,7 @@ int main(int argc, char **argv) {
   for (int o = 0; o < S.world; o++) S.member[o] = true;
 
   ncfsm_comm_opts o;
-  ncfsm_comm_opts_init(&o);
+  if ((r = ncfsm_comm_opts_init(&o)) != NCFSM_OK) die(ncfsm_opts_error(), r); /* a refused NCFSM_* value */
   o.backend = bk;
   o.name = "train";
   o.device = bi.kind == NCFSM_BACKEND_NCCL ? ncfsm_boot_local_rank(S.boot) % bi.device_count : 0;

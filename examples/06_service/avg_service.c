@@ -486,9 +486,14 @@ int avg_start(struct event_base *base, const avg_opts *o, avg_service **out) {
   /* One rank per process: PMIx under mpirun, the TCP store with
    * NCFSM_STORE_ADDR; alone otherwise. The bootstrap lives on the ncfsm
    * loop's base (the application's, unless naive). */
-  int launched = getenv("PMIX_RANK") || getenv("NCFSM_STORE_ADDR");
+  ncfsm_boot_opts bo;
+  ncfsm_boot_opts_init(&bo); /* NCFSM_STORE_ADDR, NCFSM_RANK, ...: docs/settings.md */
+  int launched = getenv("PMIX_RANK") || bo.store_addr;
   ncfsm_comm_opts co;
-  ncfsm_comm_opts_init(&co);
+  if (ncfsm_comm_opts_init(&co) != NCFSM_OK) {
+    fprintf(stderr, "06_service: %s\n", ncfsm_opts_error());
+    return -1;
+  }
   co.backend = o->backend;
   co.name = "avg";
   co.timeout_ms = o->timeout_ms;
@@ -502,8 +507,6 @@ int avg_start(struct event_base *base, const avg_opts *o, avg_service **out) {
   so.async_error_at_op = o->sim_async_error_at;
   co.sim = &so;
   if (launched) {
-    ncfsm_boot_opts bo;
-    ncfsm_boot_opts_init(&bo);
     if (ncfsm_boot_open(ncfsm_loop_base(s->loop), &bo, &s->boot) != NCFSM_OK) {
       fprintf(stderr, "06_service: bootstrap: %s\n", ncfsm_boot_open_error());
       return -1;

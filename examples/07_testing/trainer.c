@@ -85,12 +85,16 @@ static void comms_down(world *w, int clean) {
 
 static int comms_up(ncfsm_loop *loop, const trainer_opts *o, world *w, trainer_report *r) {
   ncfsm_comm_opts co;
-  ncfsm_comm_opts_init(&co);
+  ncfsm_result_t rc = ncfsm_comm_opts_init(&co);
+  if (rc != NCFSM_OK) {
+    failed(r, rc, "options: %s", ncfsm_opts_error()); /* a refused NCFSM_* value */
+    return -1;
+  }
   co.name = o->name;
   co.timeout_ms = o->timeout_ms;
   int devs[MAX_RANKS];
   for (int k = 0; k < o->nranks; k++) devs[k] = k;
-  ncfsm_result_t rc = ncfsm_comm_init_all(loop, o->nranks, &co, devs, w->c);
+  rc = ncfsm_comm_init_all(loop, o->nranks, &co, devs, w->c);
   if (rc != NCFSM_OK) {
     failed(r, rc, "init: %s: %s", ncfsm_err_name(rc), ncfsm_loop_last_error(loop));
     return -1;
