@@ -5,6 +5,15 @@
 #include <stdio.h>
 #include <string.h>
 
+int ncfsm__m_counting;
+
+void ncfsm__m_count_rows(bool on) {
+  if (on)
+    for (unsigned i = 0; ncfsm__machines[i]; i++)
+      memset(ncfsm__machines[i]->hits, 0, ncfsm__machines[i]->nrows * sizeof *ncfsm__machines[i]->hits);
+  __atomic_store_n(&ncfsm__m_counting, on ? 1 : 0, __ATOMIC_RELEASE);
+}
+
 bool ncfsm__m_index(const ncfsm__machine *m) {
   unsigned cells = m->nstates * m->nevents;
   bool adjacent = true;

@@ -83,7 +83,14 @@ typedef struct ncfsm__machine {
    * (s, e) are rows[first[s * nevents + e]] .. + count[...] - 1. */
   unsigned short *first;
   unsigned char *count;
+  /* How often each row fired since ncfsm__m_count_rows(true) (tests that
+   * walk a table row by row; nothing is counted otherwise). */
+  unsigned *hits;
 } ncfsm__machine;
+
+/* Nonzero while rows are counted (ncfsm__m_count_rows): one load and a
+ * branch per transition otherwise. */
+extern int ncfsm__m_counting;
 
 /* What the engine binds to a machine's guards and actions. */
 typedef struct ncfsm__binding {
@@ -127,12 +134,18 @@ static inline const ncfsm__mrow *ncfsm__m_fire(const ncfsm__binding *b, void *ob
   const ncfsm__mrow *r = ncfsm__m_find(b, obj, *state, e, payload);
   if (!r) return 0;
   unsigned from = *state;
+  if (__builtin_expect(ncfsm__m_counting, 0)) __atomic_fetch_add(&b->m->hits[r - b->m->rows], 1u, __ATOMIC_RELAXED);
   *state = r->next;
   if (b->step) b->step(obj, from, e, r, payload);
   if (r->action) b->acts[r->action](obj, payload);
   if (b->after) b->after(obj, from, e, r, payload);
   return r;
 }
+
+/* Starts (true: every machine's counts zeroed) or stops counting the rows
+ * that fire. For tests, on a process with no engine thread running: the
+ * switch itself is not synchronised with other threads. */
+void ncfsm__m_count_rows(bool on);
 
 /* Can (s, e) ever fire (some row, whatever its guard)? */
 static inline bool ncfsm__m_has_row(const ncfsm__machine *m, unsigned s, unsigned e) {
