@@ -241,6 +241,24 @@ void ncfsm_fault_init(ncfsm_fault *f, ncfsm_fault_kind_t kind) {
 static const char *const kind_names[] = {"ASYNC_ERROR", "INIT_FAIL", "INIT_HANG", "SLOW",
                                          "NEVER_ARRIVE", "DEAD", "MISMATCH", "KILL"};
 
+/* The sim's phase of a comm state: the NCCL call its table row polls
+ * (fsm/comm.def, column poll), or SIM_PH_NONE. */
+static sim_phase phase_of_state(ncfsm_state_t s) {
+  static const sim_phase of_call[] = {[NCFSM__PC_NONE] = SIM_PH_NONE,         [NCFSM__PC_INIT] = SIM_PH_INIT,
+                                      [NCFSM__PC_LAUNCH] = SIM_PH_LAUNCH,     [NCFSM__PC_FINALIZE] = SIM_PH_FINALIZE,
+                                      [NCFSM__PC_XCOMM] = SIM_PH_XCOMM,       [NCFSM__PC_REVOKE] = SIM_PH_REVOKE};
+  return (unsigned)s < NCFSM_STATE_COUNT ? of_call[ncfsm__comm_cols[s].poll] : SIM_PH_NONE;
+}
+
+static const char *polled_states(char *buf, size_t n) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (unsigned s = 0; s < NCFSM_STATE_COUNT && k < n; s++)
+    if (phase_of_state((ncfsm_state_t)s) != SIM_PH_NONE)
+      k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", ncfsm_state_name((ncfsm_state_t)s));
+  return buf;
+}
+
 int ncfsm_test_add_fault(ncfsm_test *t, const ncfsm_fault *f) {
   if (!t) return -1;
   pthread_mutex_lock(&t->mu);
@@ -251,10 +269,11 @@ int ncfsm_test_add_fault(ncfsm_test *t, const ncfsm_fault *f) {
     fail(t, "ncfsm_test_add_fault: kind %d is not an ncfsm_fault_kind_t", (int)f->kind);
   } else if ((unsigned)f->when > NCFSM_AT_MS) {
     fail(t, "ncfsm_test_add_fault: %s: when %d is not an ncfsm_fault_when_t", kind_names[f->kind], (int)f->when);
-  } else if (f->when == NCFSM_AT_STATE && ncfsm__sim_phase_of_state(f->state) == SIM_PH_NONE) {
-    fail(t, "ncfsm_test_add_fault: %s: AT_STATE needs a polled state (INIT_IN_PROGRESS, LAUNCH_IN_PROGRESS, "
-         "DRAIN_LAUNCH_IN_PROGRESS, FINALIZING, REVOKING, SPLITTING, SHRINKING), not %s",
-         kind_names[f->kind], (unsigned)f->state < NCFSM_STATE_COUNT ? ncfsm_state_name(f->state) : "?");
+  } else if (f->when == NCFSM_AT_STATE && phase_of_state(f->state) == SIM_PH_NONE) {
+    char polled[512];
+    fail(t, "ncfsm_test_add_fault: %s: AT_STATE needs a polled state (%s), not %s", kind_names[f->kind],
+         polled_states(polled, sizeof polled),
+         (unsigned)f->state < NCFSM_STATE_COUNT ? ncfsm_state_name(f->state) : "?");
   } else if (f->rank < -1) {
     fail(t, "ncfsm_test_add_fault: %s: rank %d (a rank, or -1 for every rank)", kind_names[f->kind], f->rank);
   } else if ((f->kind == NCFSM_FAULT_ASYNC_ERROR || f->kind == NCFSM_FAULT_INIT_FAIL) &&
@@ -267,7 +286,7 @@ int ncfsm_test_add_fault(ncfsm_test *t, const ncfsm_fault *f) {
     fail(t, "ncfsm_test_add_fault: %s: comm name \"%.20s...\" is longer than a comm's name (63)",
          kind_names[f->kind], f->comm);
   } else {
-    id = ncfsm__sim_plan_add_fault(f);
+    id = ncfsm__sim_plan_add_fault(f, phase_of_state(f->state));
     if (id < 0) fail(t, "ncfsm_test_add_fault: %s: out of memory", kind_names[f->kind]);
   }
   pthread_mutex_unlock(&t->mu);

@@ -27,15 +27,14 @@
 int ncfsm__sim_plan_begin(uint64_t seed, int deterministic, int jitter);
 /* Remove it: no fault fires any more; options already applied stay. */
 void ncfsm__sim_plan_end(void);
-/* A fault (validated by the caller; f->comm is copied). Its id, or -1
- * (no plan, out of memory). */
-int ncfsm__sim_plan_add_fault(const ncfsm_fault *f);
+/* A fault (validated by the caller; f->comm is copied); ph: for AT_STATE,
+ * the phase of f->state (the engine's table knows which call a state
+ * polls: the caller translates). Its id, or -1 (no plan, out of memory). */
+int ncfsm__sim_plan_add_fault(const ncfsm_fault *f, sim_phase ph);
 /* Sim options for comms named comm (NULL/"": all) of rank (-1: all). 0 or -1. */
 int ncfsm__sim_plan_set_opts(const char *comm, int rank, const ncfsm_sim_opts *so);
 /* How often fault id fired under the active plan (0 without one). */
 uint64_t ncfsm__sim_plan_fired(int id);
-/* The sim phase of a polled engine state, or SIM_PH_NONE. */
-sim_phase ncfsm__sim_phase_of_state(ncfsm_state_t s);
 
 /* ---- the hooks (sim.c) ----------------------------------------------------------------- */
 typedef struct sim_fstate sim_fstate;

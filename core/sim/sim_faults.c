@@ -35,6 +35,7 @@
 
 typedef struct plan_fault {
   ncfsm_fault f;
+  sim_phase ph;
   char name[NAME_MAX_LEN];
   uint64_t fired;
 } plan_fault;
@@ -66,6 +67,7 @@ static struct {
 
 typedef struct fs_fault {
   ncfsm_fault f; /* f.comm not used */
+  sim_phase ph;  /* AT_STATE: the phase of f.state (the caller's translation) */
   int id;
   int done;       /* its trigger fired on this comm */
   int slow_on;    /* SLOW: phases are slowed */
@@ -107,19 +109,6 @@ static int name_match(const char *pat, const char *name) {
 }
 
 static const char *const phase_names[] = {"none", "init", "launch", "finalize", "revoke", "split/shrink/grow"};
-
-sim_phase ncfsm__sim_phase_of_state(ncfsm_state_t s) {
-  switch (s) {
-  case NCFSM_STATE_INIT_IN_PROGRESS: return SIM_PH_INIT;
-  case NCFSM_STATE_LAUNCH_IN_PROGRESS:
-  case NCFSM_STATE_DRAIN_LAUNCH_IN_PROGRESS: return SIM_PH_LAUNCH;
-  case NCFSM_STATE_FINALIZING: return SIM_PH_FINALIZE;
-  case NCFSM_STATE_REVOKING: return SIM_PH_REVOKE;
-  case NCFSM_STATE_SPLITTING:
-  case NCFSM_STATE_SHRINKING: return SIM_PH_XCOMM;
-  default: return SIM_PH_NONE;
-  }
-}
 
 /* ---- the registry ---------------------------------------------------------------------- */
 
@@ -163,7 +152,7 @@ static int grow(void **v, int *cap, int n, size_t sz) {
   return 0;
 }
 
-int ncfsm__sim_plan_add_fault(const ncfsm_fault *f) {
+int ncfsm__sim_plan_add_fault(const ncfsm_fault *f, sim_phase ph) {
   pthread_mutex_lock(&ncfsm__sim_mu);
   int id = -1;
   if (g.active && !grow((void **)&g.f, &g.fcap, g.nf, sizeof *g.f)) {
@@ -171,6 +160,7 @@ int ncfsm__sim_plan_add_fault(const ncfsm_fault *f) {
     memset(p, 0, sizeof *p);
     p->f = *f;
     p->f.comm = NULL;
+    p->ph = f->when == NCFSM_AT_STATE ? ph : SIM_PH_NONE;
     snprintf(p->name, sizeof p->name, "%s", f->comm ? f->comm : "");
     id = g.nf++;
   }
@@ -260,14 +250,14 @@ sim_fstate *ncfsm__sim_fault_bind(ncfsm_sim_opts *o, const char *name, int rank)
     if (name_match(g.f[i].name, name) && (g.f[i].f.rank < 0 || g.f[i].f.rank == rank)) {
       fs_fault *x = &fs->v[fs->nf++];
       x->f = g.f[i].f;
+      x->ph = g.f[i].ph;
       x->id = i;
     }
   /* init failures: through fail_init, so that blocking inits fail too */
   for (int i = 0; i < fs->nf; i++) {
     fs_fault *x = &fs->v[i];
     int init_err = x->f.kind == NCFSM_FAULT_INIT_FAIL ||
-                   (x->f.kind == NCFSM_FAULT_ASYNC_ERROR && x->f.when == NCFSM_AT_STATE &&
-                    x->f.state == NCFSM_STATE_INIT_IN_PROGRESS && x->f.at <= 1);
+                   (x->f.kind == NCFSM_FAULT_ASYNC_ERROR && x->ph == SIM_PH_INIT && x->f.at <= 1);
     if (init_err && fire(fs, x)) {
       int dflt = x->f.kind == NCFSM_FAULT_INIT_FAIL ? NCFSM__NCCL_SYSTEM_ERROR : NCFSM__NCCL_REMOTE_ERROR;
       o->fail_init = x->f.code ? x->f.code : dflt;
@@ -334,7 +324,7 @@ int ncfsm__sim_fault_phase(sim_comm *c, sim_phase ph, int countdown, size_t nops
       continue;
     }
     if (f->kind == NCFSM_FAULT_INIT_FAIL) continue;
-    sim_phase fph = f->when == NCFSM_AT_STATE ? ncfsm__sim_phase_of_state(f->state) : SIM_PH_NONE;
+    sim_phase fph = x->ph;
     uint64_t at = f->at ? f->at : 1;
     /* (an init error went through fail_init at bind) */
     int hit = f->when == NCFSM_AT_STATE && fph == ph && nth == at &&
