@@ -188,29 +188,8 @@ struct comm_call {
 
 static void do_destroy(void *arg) {
   struct comm_call *q = arg;
-  ncfsm_comm *c = q->c;
-  if (ncfsm__check_legal(c, NCFSM_CALL_DESTROY, &q->r) == NCFSM_REJECT) return;
-  ncfsm_loop *loop = c->loop;
-  ncfsm__comm_fire(c, NCFSM_EV_DESTROY, NULL); /* close_idle: CLOSING */
-  void *bcomm = c->bcomm;
-  c->bcomm = NULL; /* other threads see none while it is destroyed */
-  c->be_calls++;
-  c->refs++;
-  ncfsm__loop_claim(loop);
-  UNLOCK(loop);
-  int rc = c->be->destroy(bcomm); /* ~500 ms on GPUs: never under the lock */
-  LOCK(loop);
-  ncfsm__loop_unclaim(loop);
-  if (rc != NCFSM__NCCL_SUCCESS) {
-    c->bcomm = bcomm; /* still there: the abort that follows needs it */
-    ncfsm__cev p = {.cause = NCFSM_ERR_BACKEND, .code = rc, .what = "ncclCommDestroy", .from = c->state};
-    ncfsm__comm_fire(c, NCFSM_EV_CLOSE_FAILED, &p);
-    q->r = NCFSM_ERR_BACKEND;
-  } else {
-    ncfsm__comm_fire(c, NCFSM_EV_CLOSE_DONE, NULL); /* release_backend */
-    q->r = NCFSM_OK;
-  }
-  ncfsm__comm_unref(c);
+  if (ncfsm__check_legal(q->c, NCFSM_CALL_DESTROY, &q->r) == NCFSM_REJECT) return;
+  q->r = ncfsm__comm_destroy_now(q->c); /* CLOSING, ncclCommDestroy without the lock, CLOSED */
 }
 
 static void do_abort(void *arg) {
@@ -256,6 +235,96 @@ static ncfsm_result_t comm_call(ncfsm_comm *c, void (*fn)(void *)) {
 ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *c) { return comm_call(c, do_destroy); }
 ncfsm_result_t ncfsm_comm_abort(ncfsm_comm *c) { return comm_call(c, do_abort); }
 ncfsm_result_t ncfsm_comm_revoke(ncfsm_comm *c) { return comm_call(c, do_revoke); }
+
+static ncfsm_result_t comm_close_locked(ncfsm_comm *c, ncfsm_close_cb cb, void *arg) {
+  ncfsm_result_t r = NCFSM_OK;
+  if (ncfsm__check_legal(c, NCFSM_CALL_CLOSE, &r) == NCFSM_REJECT) return r;
+  ncfsm__close *x = calloc(1, sizeof *x);
+  if (!x) {
+    ncfsm__set_error(c, "ncfsm_comm_close: out of memory; nothing changed");
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  x->comm = c;
+  x->cb = cb;
+  x->arg = arg;
+  c->close = x;
+  c->refs++; /* until the callback ran */
+  c->loop->nclosing++;
+  c->loop->ctl = c->loop->kick = true; /* the first step at the next turn (never inside this call) */
+  ncfsm__loop_wake(c->loop);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_comm_close(ncfsm_comm *c, ncfsm_close_cb cb, void *arg) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  const ncfsm__recovery_ops *rops = c->close ? NULL : c->rops;
+  UNLOCK(loop);
+  if (rops) { /* a failure while closing must not start a recovery */
+    ncfsm_result_t dr = rops->disarm(c);
+    if (dr != NCFSM_OK) return dr;
+  }
+  LOCK(loop);
+  ncfsm_result_t r = comm_close_locked(c, cb, arg);
+  UNLOCK(loop);
+  return r;
+}
+
+static void shutdown_done(void *arg) {
+  ncfsm_loop *loop = arg;
+  if (loop->shutdown_cb) loop->shutdown_cb(loop, loop->shutdown_arg);
+}
+
+ncfsm_result_t ncfsm_loop_shutdown(ncfsm_loop *loop, ncfsm_loop_cb cb, void *arg) {
+  if (!ncfsm__loop_ok(loop)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm__call_req *req = calloc(1, sizeof *req);
+  if (!req) return NCFSM_ERR_NO_MEMORY;
+  LOCK(loop);
+  if (loop->shutting) {
+    ncfsm__loop_error(loop, "ncfsm_loop_shutdown: called already on this loop; its callback reports the end");
+    UNLOCK(loop);
+    free(req);
+    return NCFSM_ERR_ILLEGAL_STATE;
+  }
+  *req = (ncfsm__call_req){shutdown_done, loop, NULL};
+  loop->shutting = true;
+  loop->shutdown_cb = cb;
+  loop->shutdown_arg = arg;
+  loop->shutdown_req = req;
+  int n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) n += !c->close && c->state != NCFSM_STATE_RELEASED;
+  ncfsm_comm **cs = n ? calloc((size_t)n, sizeof *cs) : NULL;
+  if (n && !cs) {
+    loop->shutting = false;
+    loop->shutdown_req = NULL;
+    UNLOCK(loop);
+    free(req);
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  n = 0;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+    if (!c->close && c->state != NCFSM_STATE_RELEASED) {
+      c->refs++;
+      cs[n++] = c;
+    }
+  UNLOCK(loop);
+  ncfsm_result_t r = NCFSM_OK;
+  for (int i = 0; i < n; i++) {
+    ncfsm_result_t ci = ncfsm_comm_close(cs[i], NULL, NULL);
+    if (ci != NCFSM_OK && r == NCFSM_OK) {
+      r = ci;
+      ncfsm__loop_error(loop, "ncfsm_loop_shutdown: communicator '%s' refused its close (%s): %s; the others close",
+                        cs[i]->name, ncfsm_err_name(ci), ncfsm_comm_last_error(cs[i]));
+    }
+  }
+  LOCK(loop);
+  for (int i = 0; i < n; i++) ncfsm__comm_unref(cs[i]);
+  ncfsm__shutdown_check(loop); /* none, or all released already */
+  UNLOCK(loop);
+  free(cs);
+  return r;
+}
 
 ncfsm_result_t ncfsm__comm_release_locked(ncfsm_comm *c) {
   ncfsm_result_t r = NCFSM_OK;

@@ -206,7 +206,10 @@ ACT(start_recovery) {
 /* The user's reference goes: c may be freed here (nothing may touch it after). */
 ACT(release_handle) {
   COMM;
+  ncfsm_loop *loop = c->loop;
+  if (c->close) ncfsm__close_deliver(c); /* the callback, on the loop thread; the close's reference keeps c */
   ncfsm__comm_unref(c);
+  ncfsm__shutdown_check(loop);
 }
 
 ACT(engine_defect) {

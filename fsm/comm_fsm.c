@@ -27,6 +27,7 @@ bool ncfsm__comm_guard(const ncfsm_comm *c, ncfsm__comm_guard_t g, const ncfsm__
     case NCFSM__CG_HAS_SHRINK: return c->be->comm_shrink && (comm_features(c) & NCFSM__HAS_SHRINK);
     case NCFSM__CG_HAS_GROW:
       return c->be->comm_grow && c->be->comm_get_unique_id && (comm_features(c) & NCFSM__HAS_GROW);
+    case NCFSM__CG_NOT_CLOSING: return c->close == NULL;
     case NCFSM__CG_POLICY_STAY: return c->opts.on_error == NCFSM_ON_ERROR_STAY;
     case NCFSM__CG_POLICY_EXIT: return c->opts.on_error == NCFSM_ON_ERROR_EXIT;
     case NCFSM__CG_POLICY_RECOVER: return c->opts.on_error == NCFSM_ON_ERROR_SHRINK && c->rops && c->rops->armed(c);
@@ -79,6 +80,7 @@ static void step_fn(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *r,
     c->phase_deadline = ncfsm__deadline(ncfsm__now_ns(), c->opts.timeout_ms);
   if ((ncfsm__sflags(next) & NCFSM_SF_POLL) && next != from) c->loop->poll_iter = 0; /* restart the poll burst */
   if (ncfsm__sflags(next) & NCFSM_SF_CONTROL) c->loop->ctl = c->loop->kick = true; /* its control step is due */
+  if (c->close && next != from) c->loop->ctl = c->loop->kick = true;   /* its close column's step is due */
   /* INIT, INIT_BOOT: the step gives the comm its place (the action stores it) */
   note_state(c, p->nranks > 0 ? p->rank : c->rank, from, next, ev, p->cause);
   if (c->rops && next != from) c->rops->stepped(c);

@@ -1,7 +1,8 @@
 /*
  * The calls the loop makes for a comm in a CONTROL state (fsm/comm.def,
  * column control): the unique id broadcast (ID_POST, ID_TEST), inits
- * (INIT), finalizes (FINALIZE) and queued aborts (ABORT). Inits of one
+ * (INIT), finalizes (FINALIZE) and queued aborts (ABORT); and the steps of
+ * closes in progress (ncfsm_comm_close, column close). Inits of one
  * turn go in one backend group, so do aborts (R5); a blocking call never
  * runs under the loop's lock. Every backend call happens on the thread
  * that drives the loop (R9).
@@ -283,6 +284,112 @@ static void issue_aborts(ncfsm_loop *loop) {
   if (cs != stack_cs) free(cs);
 }
 
+/* ---- destroy ------------------------------------------------------------------------------------ */
+
+ncfsm_result_t ncfsm__comm_destroy_now(ncfsm_comm *c) {
+  ncfsm_loop *loop = c->loop;
+  ncfsm__comm_fire(c, NCFSM_EV_DESTROY, NULL); /* close_idle: CLOSING */
+  void *bcomm = c->bcomm;
+  c->bcomm = NULL; /* other threads see none while it is destroyed */
+  c->be_calls++;
+  c->refs++;
+  ncfsm__loop_claim(loop);
+  pthread_mutex_unlock(&loop->mu);
+  int rc = c->be->destroy(bcomm); /* ~500 ms on GPUs: never under the lock */
+  pthread_mutex_lock(&loop->mu);
+  ncfsm__loop_unclaim(loop);
+  ncfsm_result_t r = NCFSM_OK;
+  if (rc != NCFSM__NCCL_SUCCESS) {
+    c->bcomm = bcomm; /* still there: the abort that follows needs it */
+    ncfsm__cev p = {.cause = NCFSM_ERR_BACKEND, .code = rc, .what = "ncclCommDestroy", .from = c->state};
+    ncfsm__comm_fire(c, NCFSM_EV_CLOSE_FAILED, &p);
+    r = NCFSM_ERR_BACKEND;
+  } else {
+    ncfsm__comm_fire(c, NCFSM_EV_CLOSE_DONE, NULL); /* release_backend */
+  }
+  ncfsm__comm_unref(c);
+  return r;
+}
+
+/* ---- closes (ncfsm_comm_close: column close) --------------------------------------------------- */
+
+/* One step of c's close, from its state; false when it must be looked at
+ * again at a later turn without a transition (a guard that may hold then). */
+static bool close_step(ncfsm_comm *c) {
+  ncfsm_result_t why = NCFSM_OK;
+  ncfsm_call_t call = ncfsm__comm_cols[c->state].close;
+  if (call == NCFSM_CALL_COUNT) return true; /* WAIT: the transition under way calls again */
+  if (ncfsm__check_legal(c, call, &why) == NCFSM_REJECT) return false; /* a guard (IDLE: works finish first) */
+  switch (call) {
+    case NCFSM_CALL_FINALIZE: ncfsm__comm_fire(c, NCFSM_EV_FINALIZE, NULL); break;
+    case NCFSM_CALL_DESTROY: ncfsm__comm_destroy_now(c); break;
+    case NCFSM_CALL_ABORT:
+      if (c->close->status == NCFSM_OK) c->close->status = c->cause != NCFSM_OK ? c->cause : NCFSM_ERR_ABORTED;
+      ncfsm__comm_abort_now(c);
+      break;
+    case NCFSM_CALL_RELEASE: ncfsm__comm_fire(c, NCFSM_EV_RELEASE, NULL); break; /* release_handle: the callback */
+    default:
+      NCFSM_LOG(NCFSM__LOG_ERROR, NCFSM__SUB_FSM, "[%s] close step %s has no engine call (fsm/comm.def, column close)",
+                c->name, ncfsm_call_fn(call));
+      return true;
+  }
+  return true;
+}
+
+static void close_steps(ncfsm_loop *loop) {
+  if (!loop->nclosing) return;
+  /* A step may free comms released earlier (not this one: the close holds
+   * a reference until its callback ran): walk from a held comm. */
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    if (!c->close || c->state == NCFSM_STATE_RELEASED) continue;
+    unsigned before;
+    do { /* steps that end at once (NEW: release; CLOSED: release) follow each other */
+      before = c->state;
+      if (!close_step(c)) {
+        loop->ctl = true;
+        break;
+      }
+    } while (c->state != before && c->state != NCFSM_STATE_RELEASED && c->close);
+  }
+}
+
+/* The close's callback, from the loop's call queue (lock not held); the
+ * queue frees x (its first member) afterwards. */
+static void close_cb(void *arg) {
+  ncfsm__close *x = arg;
+  ncfsm_comm *c = x->comm;
+  ncfsm_loop *loop = c->loop;
+  if (x->cb) x->cb(c, x->status, x->arg);
+  pthread_mutex_lock(&loop->mu);
+  c->close = NULL;
+  loop->nclosing--;
+  ncfsm__comm_unref(c); /* the close's reference */
+  pthread_mutex_unlock(&loop->mu);
+}
+
+void ncfsm__shutdown_check(ncfsm_loop *loop) {
+  if (!loop->shutdown_req) return;
+  for (ncfsm_comm *o = loop->comms; o; o = o->next)
+    if (o->state != NCFSM_STATE_RELEASED) return;
+  ncfsm__call_req *r = loop->shutdown_req; /* after the close callbacks queued before it */
+  loop->shutdown_req = NULL;
+  if (loop->calls_tail) loop->calls_tail->next = r;
+  else loop->calls_head = r;
+  loop->calls_tail = r;
+  ncfsm__loop_wake(loop);
+}
+
+void ncfsm__close_deliver(ncfsm_comm *c) {
+  ncfsm_loop *loop = c->loop;
+  ncfsm__close *x = c->close;
+  if (c->cause != NCFSM_OK) x->status = c->cause; /* it failed on the way (the policy may have aborted it) */
+  x->req = (ncfsm__call_req){close_cb, x, NULL};
+  if (loop->calls_tail) loop->calls_tail->next = &x->req;
+  else loop->calls_head = &x->req;
+  loop->calls_tail = &x->req;
+  ncfsm__loop_wake(loop); /* a release from another thread */
+}
+
 /* ---- the steps --------------------------------------------------------------------------------- */
 
 void ncfsm__control(ncfsm_loop *loop, bool after_launch) {
@@ -291,6 +398,7 @@ void ncfsm__control(ncfsm_loop *loop, bool after_launch) {
       if (step_of(c) == NCFSM__CS_FINALIZE) issue_finalize(c);
     return;
   }
+  close_steps(loop);
   issue_aborts(loop);
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     if (step_of(c) == NCFSM__CS_ID_POST) post_id(c);

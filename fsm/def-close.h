@@ -12,3 +12,4 @@
 #undef NCFSM_STATE_HINT
 #undef NCFSM_POLL
 #undef NCFSM_CONTROL
+#undef NCFSM_CLOSE

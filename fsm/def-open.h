@@ -38,3 +38,6 @@
 #ifndef NCFSM_CONTROL
 #define NCFSM_CONTROL(state, step, desc)
 #endif
+#ifndef NCFSM_CLOSE
+#define NCFSM_CLOSE(state, step, why)
+#endif

@@ -79,6 +79,15 @@ void ncfsm__comm_abort_now(ncfsm_comm *c);
 void ncfsm__abort_stray(ncfsm_loop *loop, const ncfsm__backend *be, void *bcomm, void (*after)(void *), void *arg);
 /* ncfsm_loop_close: the strays left are aborted now (drops the lock). */
 void ncfsm__abort_strays_now(ncfsm_loop *loop);
+/* Destroy c now (its state allows DESTROY): CLOSING, ncclCommDestroy
+ * without the lock, CLOSED (or ERROR when NCCL refuses: ERR_BACKEND). */
+ncfsm_result_t ncfsm__comm_destroy_now(ncfsm_comm *c);
+/* action release_handle of a comm whose close was accepted: its callback is
+ * queued for the loop thread (c->close is the queue entry). */
+void ncfsm__close_deliver(ncfsm_comm *c);
+/* A comm was released: once every comm of the loop is, the callback of
+ * ncfsm_loop_shutdown is queued (loop->shutdown_req). */
+void ncfsm__shutdown_check(ncfsm_loop *loop);
 
 /* ---- progress.c ---- */
 /* Polls, events, verification and the watchdog of every comm; true on

@@ -394,6 +394,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   event_free(loop->ev_poll);
   if (loop->ev_signal) event_free(loop->ev_signal);
   ncfsm__spanset_free(loop->spans);
+  free(loop->shutdown_req); /* never queued: the loop had a comm that was never released (not possible here) */
   if (loop->own_base) event_base_free(loop->base);
   pthread_mutex_destroy(&loop->mu);
   pthread_cond_destroy(&loop->cv);

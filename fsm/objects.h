@@ -136,6 +136,7 @@ typedef struct ncfsm__recovery_ops {
   void (*start)(ncfsm_comm *c, const char *why); /* action start_recovery */
   void (*stepped)(ncfsm_comm *c);                /* c changed state (the recovery may wait for it) */
   void (*detach)(ncfsm_comm *c);                 /* c is freed */
+  ncfsm_result_t (*disarm)(ncfsm_comm *c);       /* ncfsm_comm_close, without the lock: refused while one runs */
 } ncfsm__recovery_ops;
 
 struct ncfsm_comm {
@@ -190,7 +191,9 @@ struct ncfsm_comm {
   uint64_t state_since_ns;  /* when it entered its current state */
   uint64_t works_final[NCFSM_WORK_STATE_COUNT]; /* its works that reached each final state */
   uint64_t created_ns;
+  struct ncfsm__close *close; /* ncfsm_comm_close accepted (guard NOT_CLOSING); freed after its callback */
 };
+
 
 /* Counters for introspection (fsm/introspect.c), kept under the loop lock.
  * Latency: submit to a final state, per op kind, in buckets of powers of two
@@ -221,6 +224,16 @@ typedef struct ncfsm__call_req {
   void *arg;
   struct ncfsm__call_req *next;
 } ncfsm__call_req;
+
+/* A close in progress (ncfsm_comm_close): the loop runs the close column's
+ * step of each state the comm enters; the callback runs once it is released. */
+typedef struct ncfsm__close {
+  ncfsm__call_req req; /* first: the loop's call queue frees it after the callback */
+  ncfsm_comm *comm;
+  ncfsm_close_cb cb;
+  void *arg;
+  ncfsm_result_t status; /* NCFSM_OK, or why it was aborted (the comm's failure, ERR_ABORTED) */
+} ncfsm__close;
 
 /* The loop glue (layer 3: fsm/loop.c) plugs its libevent calls in here. */
 typedef struct ncfsm__loop_ops {
@@ -282,6 +295,11 @@ struct ncfsm_loop {
   int nfree;
   ncfsm__spanset *spans; /* the launcher's R12 check */
   struct ncfsm__stray *strays; /* NCCL handles no comm owns, aborted at the next control step (fsm/control.c) */
+  int nclosing;          /* comms with a close in progress: the control step runs their close column */
+  ncfsm__call_req *shutdown_req; /* ncfsm_loop_shutdown's callback: queued once every comm is released */
+  ncfsm_loop_cb shutdown_cb;
+  void *shutdown_arg;
+  bool shutting;                 /* ncfsm_loop_shutdown was accepted (once per loop) */
 };
 
 struct ncfsm__state_note {

@@ -47,6 +47,7 @@ struct ncfsm__recovery {
 
 static void fire(struct ncfsm__recovery *r, ncfsm__recover_event_t ev, const char *what);
 static const ncfsm__recovery_ops armed_ops, watch_ops;
+static ncfsm_result_t disarm(ncfsm_comm *c);
 
 /* ---- stepping -------------------------------------------------------------------------------- */
 
@@ -375,11 +376,23 @@ static void fire(struct ncfsm__recovery *r, ncfsm__recover_event_t ev, const cha
 
 /* ---- the hooks ------------------------------------------------------------------------------------ */
 
-static bool on_armed(const ncfsm_comm *c) { return c->recovery && c->recovery->state == NCFSM__RS_ARMED; }
-static void on_start(ncfsm_comm *c, const char *why) { fire(c->recovery, NCFSM__RE_COMM_FAILED, why); }
+static bool running(const struct ncfsm__recovery *r) {
+  return ncfsm__m_recover.states[r->state].flags & NCFSM__RF_RUNNING;
+}
+/* Guard POLICY_RECOVER: armed, or running already (a failure of the old
+ * comm under its recovery, e.g. a revoke that did not reach quiescence, is
+ * the recovery's to handle: no abort under it). */
+static bool on_armed(const ncfsm_comm *c) {
+  return c->recovery && (c->recovery->state == NCFSM__RS_ARMED || running(c->recovery));
+}
+static void on_start(ncfsm_comm *c, const char *why) {
+  struct ncfsm__recovery *r = c->recovery;
+  if (running(r)) schedule(r); /* its next step sees the comm in ERROR */
+  else fire(r, NCFSM__RE_COMM_FAILED, why);
+}
 static void on_stepped(ncfsm_comm *c) {
   struct ncfsm__recovery *r = c->recovery;
-  if (r && (ncfsm__m_recover.states[r->state].flags & NCFSM__RF_RUNNING)) schedule(r);
+  if (r && running(r)) schedule(r);
 }
 /* The armed comm is freed: it leaves its recovery, which stays in the
  * loop's list until the loop closes (its bootstrap may still report to it:
@@ -405,8 +418,12 @@ static void ignore(ncfsm_comm *c, const char *why) {
   (void)why;
 }
 
-static const ncfsm__recovery_ops armed_ops = {on_armed, on_start, on_stepped, on_detach};
-static const ncfsm__recovery_ops watch_ops = {never, ignore, on_stepped, on_detach_fresh};
+static ncfsm_result_t watched(ncfsm_comm *c) { /* a fresh comm: its recovery lets go of it when it is freed */
+  (void)c;
+  return NCFSM_OK;
+}
+static const ncfsm__recovery_ops armed_ops = {on_armed, on_start, on_stepped, on_detach, disarm};
+static const ncfsm__recovery_ops watch_ops = {never, ignore, on_stepped, on_detach_fresh, watched};
 
 /* ---- the loop's hooks ------------------------------------------------------------------------------ */
 

@@ -138,7 +138,12 @@ const ncfsm__comm_state_cols ncfsm__comm_cols[NCFSM_STATE_COUNT] = {
                                      [NCFSM_STATE_##s].poll_ok = NCFSM_EV_##ok, \
                                      [NCFSM_STATE_##s].poll_err = NCFSM_EV_##err,
 #define NCFSM_CONTROL(s, step, desc) [NCFSM_STATE_##s].control = NCFSM__CS_##step,
+#define WAIT NCFSM_CALL_COUNT
+#define CALL(c) NCFSM_CALL_##c
+#define NCFSM_CLOSE(s, step, why) [NCFSM_STATE_##s].close = step, [NCFSM_STATE_##s].close_why = why,
 #include "fsm/comm.def"
+#undef WAIT
+#undef CALL
 };
 
 unsigned long long ncfsm__comm_cell_guards(void) {
@@ -176,6 +181,21 @@ int ncfsm__comm_lint(void (*report)(void *arg, const char *defect), void *arg) {
       DEFECT("comm: state %s has flag CONTROL but no NCFSM_CONTROL", sn);
     if (!(f & NCFSM_SF_CONTROL) && col->control != NCFSM__CS_NONE)
       DEFECT("comm: state %s has an NCFSM_CONTROL but no flag CONTROL", sn);
+    if (!col->close_why) DEFECT("comm: state %s has no NCFSM_CLOSE", sn);
+    if (col->close != NCFSM_CALL_COUNT && ncfsm__comm_cells[s][col->close].decision == NCFSM_REJECT)
+      DEFECT("comm: state %s: its close step %s is refused there by its own legality cell", sn,
+             ncfsm__comm_call_fns[col->close]);
+    if (col->close == NCFSM_CALL_COUNT) {
+      /* a close that waits in a state the comm can leave must reach a state
+       * whose close step acts */
+      bool leaves = false, acts = false;
+      for (unsigned t = 0; t < NCFSM_STATE_COUNT; t++) {
+        if (t == s || !ncfsm__m_reachable(m, s, t, false)) continue;
+        leaves = true;
+        acts |= ncfsm__comm_cols[t].close != NCFSM_CALL_COUNT;
+      }
+      if (leaves && !acts) DEFECT("comm: state %s: its close step waits, but no state it leads to has a close step that acts", sn);
+    }
     if ((f & (NCFSM_SF_WORKS | NCFSM_SF_DEADLINE)) && !ncfsm__m_has_row(m, s, NCFSM_EV_TIMEOUT))
       DEFECT("comm: state %s has works or a deadline but no TIMEOUT row (the watchdog could not fail it)", sn);
     if ((f & (NCFSM_SF_WORKS | NCFSM_SF_POLL)) && !ncfsm__m_has_row(m, s, NCFSM_EV_ASYNC_ERROR))

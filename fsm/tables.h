@@ -43,6 +43,10 @@ typedef struct ncfsm__comm_state_cols {
   ncfsm__poll_call_t poll;  /* NCFSM__PC_NONE unless flag POLL */
   ncfsm_event_t poll_ok, poll_err;
   ncfsm__control_step_t control; /* NCFSM__CS_NONE unless flag CONTROL */
+  /* column close: the call the loop makes for a comm whose close was
+   * accepted (NCFSM_CALL_COUNT: it waits); close_why NULL: no NCFSM_CLOSE */
+  ncfsm_call_t close;
+  const char *close_why;
 } ncfsm__comm_state_cols;
 
 /* One legality cell. */

@@ -159,7 +159,16 @@ ncfsm_result_t ncfsm_loop_start_thread(ncfsm_loop *loop);
 ncfsm_result_t ncfsm_loop_stop_thread(ncfsm_loop *loop);
 /* Run fn(arg) on the loop thread (thread-safe; wakes the loop). */
 ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg);
-/* NCFSM_ERR_BUSY while communicators are not released. */
+/* Called on the loop thread (ncfsm_loop_shutdown). */
+typedef void (*ncfsm_loop_cb)(ncfsm_loop *loop, void *arg);
+/* Nonblocking, any thread: ncfsm_comm_close on every comm of the loop that
+ * is not closing or released yet (their close callbacks are NULL), then
+ * cb once every comm is released. Then, after ncfsm_loop_run returns (or
+ * ncfsm_loop_stop_thread), ncfsm_loop_close frees the loop. Once per loop:
+ * NCFSM_ERR_ILLEGAL_STATE the second time. */
+ncfsm_result_t ncfsm_loop_shutdown(ncfsm_loop *loop, ncfsm_loop_cb cb, void *arg);
+/* Frees the loop. Not from a callback of the loop; NCFSM_ERR_BUSY (nothing
+ * freed) while communicators are not released or work handles are held. */
 ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop);
 void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg);
 /* Last error of loop-level calls (groups, run, close, call) that the calling
@@ -424,9 +433,45 @@ ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *comm, const ncfsm_recovery_op
 /* Fail c now (its works fail with NCFSM_ERR_ASYNC) and recover it. */
 ncfsm_result_t ncfsm_comm_recover(ncfsm_comm *comm);
 
+/* ---- closing ---------------------------------------------------------------
+ * The one call most programs need is ncfsm_comm_close: nonblocking, from any
+ * state, with a callback once the comm is gone (libuv's uv_close). The four
+ * steps it is made of are public too, for programs that drive them. Which
+ * state each call is legal in, and what it is told otherwise: the legality
+ * table (docs/fsm-tables.md). */
+
+/* Called on the loop thread once the comm closed and its handle was
+ * released: status NCFSM_OK when it was finalized and destroyed, otherwise
+ * why it was aborted (its failure's cause, or NCFSM_ERR_ABORTED for a comm
+ * that was not ready yet). The handle may be read (ncfsm_comm_failure,
+ * ncfsm_comm_name) during the callback only. */
+typedef void (*ncfsm_close_cb)(ncfsm_comm *comm, ncfsm_result_t status, void *arg);
+/* Nonblocking, any thread, once per comm, in every state but RELEASED. The
+ * loop takes the comm from its state to RELEASED one legal call at a time
+ * (fsm/comm.def, column close): a ready comm is finalized (its queued and
+ * in-flight works complete first: every rank must close it, R4) and
+ * destroyed; a comm not ready yet, failed, revoked or shrunk is aborted
+ * (R1, R5); one in an open group waits for the group's end, one in a
+ * split, finalize or revoke for its end. A finalize that other ranks never
+ * join ends at the comm's watchdog deadline, and the comm is aborted.
+ * Works still held by the caller stay valid until released. The loop must
+ * run (ncfsm_loop_run returns once the callback ran). A recovery armed on
+ * the comm is disarmed; while one runs the call returns NCFSM_ERR_BUSY. */
+ncfsm_result_t ncfsm_comm_close(ncfsm_comm *comm, ncfsm_close_cb cb, void *arg);
+
+/* Nonblocking: DRAINING at once; the comm's queued ops launch, then the
+ * loop calls ncclCommFinalize and polls it to FINALIZED (R4). Collective:
+ * every rank finalizes. */
 ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *comm);
+/* Blocking: ncclCommDestroy on the loop thread (the caller waits; the
+ * loop's lock is not held meanwhile), FINALIZED or READY with no unfinished
+ * work -> CLOSED. A destroy NCCL refuses leaves the comm in ERROR. */
 ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *comm);
+/* Blocking: ncclCommAbort on the loop thread, from any live, failed or
+ * ended state -> CLOSED; every unfinished work fails as ABORTED (R5). */
 ncfsm_result_t ncfsm_comm_abort(ncfsm_comm *comm);
+/* ncclCommRevoke (NCCL >= 2.28.7): REVOKING, polled to REVOKED; works not
+ * seen complete fail (R6). Returns once NCCL took the call. */
 ncfsm_result_t ncfsm_comm_revoke(ncfsm_comm *comm);
 /* Free the handle: legal in NEW and CLOSED. The handle must not be used
  * afterwards (like a closed libuv handle); its memory goes with the last

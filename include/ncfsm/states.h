@@ -110,6 +110,7 @@ typedef enum ncfsm_call {
   NCFSM_CALL_GROW_ID, /* ncfsm_comm_grow_id */
   NCFSM_CALL_CHILD, /* the child argument of ncfsm_comm_split/shrink/grow */
   NCFSM_CALL_RELEASE, /* ncfsm_comm_release */
+  NCFSM_CALL_CLOSE, /* ncfsm_comm_close */
   NCFSM_CALL_COUNT
 } ncfsm_call_t;
 

@@ -203,6 +203,16 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
   return true;
 }
 
+/* The close callback of the CLOSE cells: once, with the handle RELEASED. */
+static int nclosed;
+static ncfsm_state_t closed_state;
+static void on_closed(ncfsm_comm *c, ncfsm_result_t status, void *arg) {
+  (void)status;
+  (void)arg;
+  nclosed++;
+  closed_state = ncfsm_comm_state(c);
+}
+
 static ncfsm_result_t make_call(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_call_t call) {
   ncfsm_unique_id id;
   int ex = 1;
@@ -232,6 +242,7 @@ static ncfsm_result_t make_call(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_call_t ca
     case NCFSM_CALL_ABORT: return ncfsm_comm_abort(c);
     case NCFSM_CALL_REVOKE: return ncfsm_comm_revoke(c);
     case NCFSM_CALL_RELEASE: return ncfsm_comm_release(c);
+    case NCFSM_CALL_CLOSE: return ncfsm_comm_close(c, on_closed, NULL);
     case NCFSM_CALL_GROW_ID: return ncfsm_comm_grow_id(c, &id);
     case NCFSM_CALL_CHILD: /* c is the child of a READY parent's split (made before the cell's state) */
       return ncfsm_comm_split(kids[0], 0, 0, c);
@@ -275,10 +286,11 @@ static void test_every_cell(void **state) {
         nkids = 1;
       }
       if (!enter_state(loop, (ncfsm_state_t)s, c, &n, is_shrink((ncfsm_call_t)k) || k == NCFSM_CALL_GROW)) {
-        /* CLOSING: every call is refused; the hint says to wait for CLOSED. */
-        if (d != NCFSM_REJECT) fail_msg("%s: a call is accepted while closing", where);
+        /* CLOSING: every call is refused (the hint says to wait for CLOSED)
+         * but a close, which waits for CLOSED itself. */
+        if (d != (k == NCFSM_CALL_CLOSE ? NCFSM_DEFER : NCFSM_REJECT)) fail_msg("%s: a call is accepted while closing", where);
         table_only++;
-        rejected++;
+        d == NCFSM_REJECT ? rejected++ : deferred++;
         cells++;
         for (int i = 0; i < nkids; i++) {
           ncfsm_comm_abort(kids[i]);
@@ -288,6 +300,7 @@ static void test_every_cell(void **state) {
         assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
         continue;
       }
+      nclosed = 0;
       uint64_t before = backend_calls(c[0]);
       bool had_bcomm = has_backend_comm(c[0]);
       ncfsm_result_t rc = make_call(loop, c[0], (ncfsm_call_t)k);
@@ -322,9 +335,20 @@ static void test_every_cell(void **state) {
         bool no_bcomm = !had_bcomm;
         /* the child of a split reaches NCCL through its parent's call */
         bool expect = d == NCFSM_ALLOW && !(no_bcomm && k == NCFSM_CALL_ABORT) && k != NCFSM_CALL_CHILD;
+        ncfsm_call_t xs = ncfsm__comm_cols[s].close; /* NCFSM_CALL_COUNT: the close waits */
+        if (k == NCFSM_CALL_CLOSE) /* the close column's step makes the call: NCCL sees it only for those */
+          expect = d == NCFSM_ALLOW && (xs == NCFSM_CALL_FINALIZE || xs == NCFSM_CALL_DESTROY ||
+                                        (xs == NCFSM_CALL_ABORT && had_bcomm));
         if (expect && after == before) fail_msg("%s: backend was not reached", where);
-        if (!expect && !turns_call_backend((ncfsm_state_t)s) && after != before)
+        if (!expect && !turns_call_backend((ncfsm_state_t)s) && after != before && !(k == NCFSM_CALL_CLOSE && xs == NCFSM_CALL_COUNT))
           fail_msg("%s: backend was reached %llu time(s)", where, (unsigned long long)(after - before));
+        if (k == NCFSM_CALL_CLOSE && (xs == NCFSM_CALL_ABORT || xs == NCFSM_CALL_RELEASE)) {
+          /* abort, then release (or release at once): the callback ran, the handle is gone */
+          if (nclosed != 1 || closed_state != NCFSM_STATE_RELEASED)
+            fail_msg("%s: %d close callback(s), the comm %s in the callback; want one, RELEASED", where, nclosed,
+                     ncfsm_state_name(closed_state));
+        }
+        if (k == NCFSM_CALL_CLOSE && nclosed) c[0] = NULL; /* released by the close, freed after its callback */
       }
       cells++;
       if (ncfsm_group_depth(loop) > 0) ncfsm_group_end(loop);
@@ -458,6 +482,7 @@ static void test_table_shape(void **state) {
     if (f & NCFSM_SF_POLL)
       for (int k = 0; k < NCFSM_CALL_COUNT; k++)
         if (k != NCFSM_CALL_ABORT && k != NCFSM_CALL_REVOKE &&
+            !(k == NCFSM_CALL_CLOSE && ncfsm__comm_cols[s].close == NCFSM_CALL_ABORT) && /* its step is an abort */
             ncfsm_legality((ncfsm_state_t)s, (ncfsm_call_t)k, NULL, NULL) == NCFSM_ALLOW)
           fail_msg("R2 violated: %s allowed in %s", ncfsm_call_name(k), ncfsm_state_name(s));
   }

@@ -21,12 +21,13 @@
 
 #include "helpers.h"
 #include "ncfsm/bootstrap.h"
+#include "ncfsm/testing.h"
 
 #define N 4
 #define ITERS 12
 #define K 5
 
-enum variant { V_REVOKE_SHRINK, V_NO_REVOKE, V_NO_SHRINK, V_MANUAL };
+enum variant { V_REVOKE_SHRINK, V_NO_REVOKE, V_NO_SHRINK, V_MANUAL, V_REVOKE_FAILS };
 
 struct rank_res {
   const char *fail_at;
@@ -223,6 +224,26 @@ static void test_revoke_then_shrink(void **state) {
   expect_survivors("shrink");
 }
 
+/* Rank 0's revoke fails (its async state turns to an error in REVOKING, as
+ * when a dead peer keeps it from quiescence): its comm fails again while
+ * its recovery runs; the error policy leaves it to the recovery (no abort
+ * under it), which shrinks it from ERROR like the others. */
+static void test_revoke_fails(void **state) {
+  (void)state;
+  ncfsm_test *t;
+  ncfsm_test_opts to;
+  ncfsm_test_opts_init(&to);
+  to.deterministic = 0;
+  assert_int_equal(ncfsm_test_begin(&to, &t), NCFSM_OK);
+  ncfsm_fault f = {.kind = NCFSM_FAULT_ASYNC_ERROR, .comm = "train", .rank = 0, .when = NCFSM_AT_STATE,
+                   .at = 1, .state = NCFSM_STATE_REVOKING};
+  assert_true(ncfsm_test_add_fault(t, &f) >= 0);
+  run(V_REVOKE_FAILS, "recover-f");
+  expect_survivors("shrink");
+  assert_true(ncfsm_test_fault_fired(t, 0) == 1);
+  assert_int_equal(ncfsm_test_end(t), 0);
+}
+
 static void test_without_revoke(void **state) {
   (void)state;
   run(V_NO_REVOKE, "recover-b");
@@ -264,7 +285,7 @@ static void test_misuse(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_revoke_then_shrink), cmocka_unit_test(test_without_revoke),
+      cmocka_unit_test(test_revoke_then_shrink), cmocka_unit_test(test_revoke_fails), cmocka_unit_test(test_without_revoke),
       cmocka_unit_test(test_without_shrink),     cmocka_unit_test(test_manual_all_alive),
       cmocka_unit_test(test_misuse),
   };
