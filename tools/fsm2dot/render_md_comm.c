@@ -63,6 +63,24 @@ static void md_columns(FILE *f, const ncfsm__machine *m) {
   fputs("\n", f);
 }
 
+static void md_close_column(FILE *f, const ncfsm__machine *m) {
+  fprintf(f,
+          "### Close column of `%s`\n\n"
+          "Once `ncfsm_comm_close` was accepted, the loop makes this call for the comm in each state it enters"
+          " (\"wait\": a transition under way ends the state first), until the handle is released and the close's"
+          " callback runs.\n\n"
+          "| State | Close step | Why |\n|---|---|---|\n",
+          m->name);
+  for (unsigned s = 0; s < m->nstates; s++) {
+    const ncfsm__comm_state_cols *col = &fsm2dot_comm.cols[s];
+    unsigned call = (unsigned)col->close;
+    fprintf(f, "| `%s` | %s%s%s | %s |\n", m->states[s].name, call < fsm2dot_comm.ncalls ? "`" : "",
+            call < fsm2dot_comm.ncalls ? fsm2dot_comm.call_fns[call] : "wait", call < fsm2dot_comm.ncalls ? "`" : "",
+            or_dash(col->close_why));
+  }
+  fputs("\n", f);
+}
+
 /* A matrix cell: ALLOW or DEFER (with [GUARDS]), REJECT (listed with its
  * own hint), or an em dash (not listed: REJECT with the state's hint). */
 static void md_cell(FILE *f, const ncfsm__machine *m, const ncfsm__cell *cl) {
@@ -196,6 +214,7 @@ void fsm2dot_md_comm(FILE *f) {
   const ncfsm__machine *m = fsm2dot_comm.m;
   md_calls(f, m);
   md_columns(f, m);
+  md_close_column(f, m);
   md_matrix(f, m);
   md_hints(f, m);
   md_listed(f, m);
