@@ -3,7 +3,7 @@
 # when not root, and does nothing when everything is present already.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev libssl-dev
-      libxxhash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
+      libxxhash-dev uthash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
       libclang-rt-dev prometheus curl)
 missing=()
 for p in "${pkgs[@]}"; do
