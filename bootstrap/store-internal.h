@@ -89,6 +89,9 @@ struct sconn {
   char peer[80];
   uint8_t akey[17];         /* peer address (family, bytes) for the throttle */
   int authed, closing, paused, ranked, released, overflow;
+  int held;                 /* its HELLO (a rank other than 0) waits for rank 0's: in s->held */
+  uint32_t held_rank, held_size, held_id;
+  LIST_ENTRY(sconn) hlink;
   struct evbuffer_cb_entry *out_cb; /* counts the output in s->out_queued */
   uint32_t rank;
   uint32_t parked;
@@ -165,6 +168,7 @@ struct ncfsm__store {
   uint64_t bytes, inflight, out_queued;
   struct entry *tab;            /* the keys (uthash) */
   LIST_HEAD(, sconn) conns;
+  LIST_HEAD(, sconn) held;      /* HELLOs waiting for rank 0's (the job's size) */
   TAILQ_HEAD(, sconn) partials; /* connections holding an unfinished frame, oldest first */
   LIST_HEAD(, entry) gathers;   /* open gathers */
   struct group *gtab;           /* every group, by path (uthash) */
@@ -172,7 +176,7 @@ struct ncfsm__store {
   LIST_HEAD(, blob) blobs;
   struct rankslot *ranks;
   uint32_t job_size;
-  char job_from[80];
+  char job_from[120];
   uint32_t n_gone, first_gone;
   char *conflict;               /* sticky: a rank was claimed twice */
   struct throttle thr[THROTTLE_SLOTS];
@@ -231,7 +235,11 @@ const char *ncfsm__st_handle_agree(struct sconn *c, const ncfsm__frame *f, char 
 void ncfsm__st_push_lost(ncfsm__store *s, uint32_t rank, const char *why);
 void ncfsm__st_bcast_maybe_done(ncfsm__store *s, struct entry *e);
 void ncfsm__st_rank_release(struct sconn *c, const char *reason);
+/* A HELLO: NULL when admitted or held (a rank other than 0 before the job's size is known:
+ * answered once rank 0's HELLO fixes it), else why c is refused. */
 const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);
+/* Fix the job's size; from says by whom, for the refusals of other sizes. 0, or -1 (max_bytes). */
+int ncfsm__st_job_size_set(ncfsm__store *s, uint32_t size, const char *from);
 
 /* store_requests.c: a frame of c; NULL, or why c must be closed (buf may hold it) */
 const char *ncfsm__st_handle(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);

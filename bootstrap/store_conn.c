@@ -67,6 +67,7 @@ void ncfsm__st_conn_free(struct sconn *c) {
   struct agwaiter *aw;
   while ((aw = LIST_FIRST(&c->agw)) != NULL) ncfsm__st_agwaiter_free(s, aw);
   if (c->in_partial) TAILQ_REMOVE(&s->partials, c, partial);
+  if (c->held) LIST_REMOVE(c, hlink);
   s->inflight -= c->in_acct;
   event_free(c->timer);
   LIST_REMOVE(c, link);
@@ -172,7 +173,8 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
     if (n == 0) break;
     size_t want = n < NCFSM__FRAME_HDR ? n : NCFSM__FRAME_HDR, used = 0;
     const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)want);
-    if (!c->authed && want > 5 && p[5] != NCFSM__F_HELLO && p[0] == 'N' && p[1] == 'C') {
+    if (!c->authed && !c->held && want > 5 && p[5] != NCFSM__F_HELLO && p[0] == 'N' &&
+        p[1] == 'C') {
       s->st.closed_bad_frame++;
       return ncfsm__st_conn_fail(c, 0, "first frame is not HELLO", 0);
     }

@@ -112,66 +112,27 @@ static struct throttle *throttle_get(ncfsm__store *s, const uint8_t akey[17], ui
   return oldest;
 }
 
-const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
+static void release_held(ncfsm__store *s);
+
+/* Admit c as rank of size (size 0: a client without a rank): the job's size, one live
+ * connection per rank, rejoining; then the OK and the ranks lost before it came. NULL, or why
+ * c is refused. */
+static const char *admit(struct sconn *c, uint32_t rank, uint32_t size, uint32_t id, char *buf,
+                         size_t n) {
   ncfsm__store *s = c->s;
-  if (c->authed) return "second HELLO on one connection";
-  uint64_t now = ncfsm__now_ns();
-  struct throttle *t = throttle_get(s, c->akey, now);
-  t->tokens += (double)(now - t->last_ns) * 1e-9 * s->o.auth_fail_per_s;
-  if (t->tokens > s->o.auth_fail_burst) t->tokens = s->o.auth_fail_burst;
-  t->last_ns = now;
-  if (t->tokens < 1.0) {
-    s->st.throttled++;
-    unsigned wait_ms = (unsigned)((1.0 - t->tokens) * 1000.0 / s->o.auth_fail_per_s) + 1;
-    ncfsm__st_warn_limited(s, W_THROTTLE, "store: throttling HELLOs from %s: %" PRIu64 " failed HELLOs",
-                 c->peer, t->fails);
-    snprintf(buf, n, "throttled: %" PRIu64 " failed HELLOs from this address; retry in %u ms "
-                     "(a wrong NCFSM_STORE_TOKEN on this host?)",
-             t->fails, wait_ms);
-    return buf;
-  }
-  uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
-  if (s->o.rank_secrets && size > 0 && rank < size) { /* the rank's own secret, not the token */
-    char secret[65];
-    ncfsm__rank_secret((const char *)s->token, rank, size, secret);
-    int ok = ncfsm__ct_equal(f->key, f->klen, secret, 64);
-    memset(secret, 0, sizeof secret);
-    if (!ok) {
-      s->st.rejected_token++;
-      t->tokens -= 1.0;
-      t->fails++;
-      snprintf(buf, n, "bad token: this store takes per-rank secrets and the HELLO of rank %u of "
-                       "%u did not carry that rank's (NCFSM_STORE_RANK_SECRET; `ncfsm-store "
-                       "--print-rank-secret %u/%u` prints it from the job token)",
-               rank, size, rank, size);
-      return buf;
-    }
-  } else if (!ncfsm__ct_equal(f->key, f->klen, s->token, s->toklen)) {
-    s->st.rejected_token++;
-    t->tokens -= 1.0;
-    t->fails++;
-    return "bad token: HELLO did not carry this job's NCFSM_STORE_TOKEN";
-  }
+  int fixed_now = 0;
   if (size > 0) {
-    if (rank >= size) {
-      snprintf(buf, n, "HELLO rank %u is not below its size %u", rank, size);
-      return buf;
-    }
-    if (size > (1u << 22)) {
-      snprintf(buf, n, "HELLO size %u: the store serves jobs of at most %u ranks", size, 1u << 22);
-      return buf;
-    }
-    if (!s->job_size) {
-      if (ncfsm__st_charge(s, (uint64_t)size * sizeof *s->ranks) != 0 ||
-          !(s->ranks = calloc(size, sizeof *s->ranks))) {
+    if (!s->job_size) { /* rank 0 (the others wait for it) */
+      char from[120];
+      snprintf(from, sizeof from, "rank 0's HELLO from %s", c->peer);
+      if (ncfsm__st_job_size_set(s, size, from) != 0) {
         snprintf(buf, n, "store full: no room for a job of %u ranks", size);
         return buf;
       }
-      s->job_size = size;
-      snprintf(s->job_from, sizeof s->job_from, "%s", c->peer);
+      fixed_now = 1;
     } else if (size != s->job_size) {
-      snprintf(buf, n, "HELLO of rank %u says the job has %u ranks, the store's job has %u (first "
-                       "HELLO from %s): check NCFSM_WORLD_SIZE; one store (one token) per job",
+      snprintf(buf, n, "HELLO of rank %u says the job has %u ranks, the store's job has %u (%s): "
+                       "check NCFSM_WORLD_SIZE; one store (one token) per job",
                rank, size, s->job_size, s->job_from);
       return buf;
     }
@@ -225,7 +186,7 @@ const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char 
   bufferevent_setwatermark(c->bev, EV_READ, 0,
                            (size_t)NCFSM__FRAME_HDR + s->lim.key_max + s->lim.value_max);
   NCFSM_TRACE(SUB, "store: %s authenticated as rank %u of %u", c->peer, rank, size);
-  ncfsm__st_reply(c, NCFSM__F_OK, f->id, NULL, 0);
+  ncfsm__st_reply(c, NCFSM__F_OK, id, NULL, 0);
   if (c->ranked && s->n_gone) /* the ranks lost before it came */
     for (uint32_t r = 0; r < s->job_size; r++) {
       const struct rankslot *sl = &s->ranks[r];
@@ -238,5 +199,98 @@ const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char 
       ncfsm__st_reply(c, NCFSM__F_LOST, 0, v, (uint32_t)(4 + wl));
       s->st.lost_pushed++;
     }
+  if (fixed_now) release_held(s);
   return NULL;
+}
+
+const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
+  ncfsm__store *s = c->s;
+  if (c->authed || c->held) return "second HELLO on one connection";
+  uint64_t now = ncfsm__now_ns();
+  struct throttle *t = throttle_get(s, c->akey, now);
+  t->tokens += (double)(now - t->last_ns) * 1e-9 * s->o.auth_fail_per_s;
+  if (t->tokens > s->o.auth_fail_burst) t->tokens = s->o.auth_fail_burst;
+  t->last_ns = now;
+  if (t->tokens < 1.0) {
+    s->st.throttled++;
+    unsigned wait_ms = (unsigned)((1.0 - t->tokens) * 1000.0 / s->o.auth_fail_per_s) + 1;
+    ncfsm__st_warn_limited(s, W_THROTTLE, "store: throttling HELLOs from %s: %" PRIu64 " failed HELLOs",
+                 c->peer, t->fails);
+    snprintf(buf, n, "throttled: %" PRIu64 " failed HELLOs from this address; retry in %u ms "
+                     "(a wrong NCFSM_STORE_TOKEN on this host?)",
+             t->fails, wait_ms);
+    return buf;
+  }
+  uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
+  if (s->o.rank_secrets && size > 0 && rank < size) { /* the rank's own secret, not the token */
+    char secret[65];
+    ncfsm__rank_secret((const char *)s->token, rank, size, secret);
+    int ok = ncfsm__ct_equal(f->key, f->klen, secret, 64);
+    memset(secret, 0, sizeof secret);
+    if (!ok) {
+      s->st.rejected_token++;
+      t->tokens -= 1.0;
+      t->fails++;
+      snprintf(buf, n, "bad token: this store takes per-rank secrets and the HELLO of rank %u of "
+                       "%u did not carry that rank's (NCFSM_STORE_RANK_SECRET; `ncfsm-store "
+                       "--print-rank-secret %u/%u` prints it from the job token)",
+               rank, size, rank, size);
+      return buf;
+    }
+  } else if (!ncfsm__ct_equal(f->key, f->klen, s->token, s->toklen)) {
+    s->st.rejected_token++;
+    t->tokens -= 1.0;
+    t->fails++;
+    return "bad token: HELLO did not carry this job's NCFSM_STORE_TOKEN";
+  }
+  if (size > 0) {
+    if (rank >= size) {
+      snprintf(buf, n, "HELLO rank %u is not below its size %u", rank, size);
+      return buf;
+    }
+    if (size > (1u << 22)) {
+      snprintf(buf, n, "HELLO size %u: the store serves jobs of at most %u ranks", size, 1u << 22);
+      return buf;
+    }
+    if (!s->job_size && rank != 0) { /* the job's size is rank 0's: wait for it */
+      c->held = 1;
+      c->held_rank = rank;
+      c->held_size = size;
+      c->held_id = f->id;
+      LIST_INSERT_HEAD(&s->held, c, hlink);
+      s->st.hellos_held++;
+      if (c->timer_kind == T_AUTH) {
+        event_del(c->timer);
+        c->timer_kind = T_NONE;
+      }
+      NCFSM_TRACE(SUB, "store: %s's HELLO as rank %u of %u waits for rank 0's", c->peer, rank, size);
+      return NULL;
+    }
+  }
+  return admit(c, rank, size, f->id, buf, n);
+}
+
+/* Fix the job's size (rank 0's HELLO, the store's world_size option, or rank 0 hosting it). */
+int ncfsm__st_job_size_set(ncfsm__store *s, uint32_t size, const char *from) {
+  if (ncfsm__st_charge(s, (uint64_t)size * sizeof *s->ranks) != 0) return -1;
+  if (!(s->ranks = calloc(size, sizeof *s->ranks))) {
+    ncfsm__st_uncharge(s, (uint64_t)size * sizeof *s->ranks);
+    return -1;
+  }
+  s->job_size = size;
+  snprintf(s->job_from, sizeof s->job_from, "%s", from);
+  return 0;
+}
+
+/* The HELLOs that waited for rank 0's: admitted now, or closed with the reason (a size other
+ * than rank 0's, a rank claimed twice, ...). */
+static void release_held(ncfsm__store *s) {
+  struct sconn *c;
+  while ((c = LIST_FIRST(&s->held)) != NULL) {
+    LIST_REMOVE(c, hlink);
+    c->held = 0;
+    char buf[512];
+    const char *why = admit(c, c->held_rank, c->held_size, c->held_id, buf, sizeof buf);
+    if (why) ncfsm__st_conn_fail(c, c->held_id, why, 0);
+  }
 }

@@ -308,6 +308,9 @@ static const char *handle_bcast(struct sconn *c, const ncfsm__frame *f, char *bu
 const char *ncfsm__st_handle(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n) {
   c->s->st.frames++;
   if (f->type == NCFSM__F_HELLO) return ncfsm__st_handle_hello(c, f, buf, n);
+  if (c->held)
+    return "a request before the store answered the HELLO (it answers once rank 0's HELLO gave "
+           "the job's size)";
   if (!c->authed) return "first frame is not HELLO";
   switch (f->type) {
   case NCFSM__F_SET: handle_set(c, f); return NULL;

@@ -40,6 +40,9 @@ typedef struct ncfsm__store_opts {
   uint32_t auth_fail_per_s;  /* then this many per second (refused: "throttled"); 2 */
   int rank_secrets;          /* a ranked HELLO must carry its rank's secret
                                 (ncfsm_boot_rank_secret), not the job token */
+  uint32_t world_size;       /* the job's size, fixed at open (0: rank 0's HELLO gives it; the
+                                other ranks' HELLOs wait for it) */
+  const char *world_from;    /* who set world_size, for the refusals ("the store's --world-size") */
 } ncfsm__store_opts;
 
 typedef struct ncfsm__store_stats {
@@ -63,6 +66,7 @@ typedef struct ncfsm__store_stats {
   uint64_t inflight, peak_inflight; /* held under max_inflight */
   uint64_t out_queued, peak_out;    /* queued replies (referenced bytes included) */
   uint64_t bcasts_done;      /* BCASTs served to every member (failed ones: gathers_failed) */
+  uint64_t hellos_held;      /* HELLOs that waited for rank 0's (the job's size) */
 } ncfsm__store_stats;
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o);

@@ -392,6 +392,8 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
     ncfsm__store_opts_env(&so); /* the NCFSM_STORE_* limits */
     so.listen = t->addr;
     so.token = o->token;
+    so.world_size = (uint32_t)o->size; /* rank 0 knows the job's size: no HELLO can claim another */
+    so.world_from = "rank 0, which hosts the store (its NCFSM_WORLD_SIZE)";
     if (o->store_value_max) so.value_max = (uint32_t)o->store_value_max;
     if (so.rank_secrets && !has_secret) { /* rank 0 has the token: its own secret from it */
       char sec[65];

@@ -145,6 +145,11 @@ void ncfsm__store_opts_env(ncfsm__store_opts *o) {
   v = o->auth_fail_per_s;
   env_u64("NCFSM_STORE_AUTH_FAIL_PER_S", &v);
   o->auth_fail_per_s = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+  v = o->world_size;
+  if (getenv("NCFSM_STORE_WORLD_SIZE")) {
+    env_u64("NCFSM_STORE_WORLD_SIZE", &v);
+    o->world_size = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+  }
   if (getenv("NCFSM_STORE_REJOIN")) o->rejoin = ncfsm__env_ll("NCFSM_STORE_REJOIN", 0) != 0;
   if (getenv("NCFSM_STORE_RANK_SECRETS"))
     o->rank_secrets = ncfsm__env_ll("NCFSM_STORE_RANK_SECRETS", 0) != 0;
@@ -207,6 +212,7 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
     s->o.max_conns = lim > 64 + 16 ? (int)(lim - 64) : 16;
   }
   s->o.listen = NULL;
+  s->o.world_from = NULL;
   s->o.token = NULL;
   s->base = base;
   s->reserve_fd = -1;
@@ -218,6 +224,7 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   s->hello_lim.key_max = s->o.key_max;
   s->hello_lim.value_max = 8;
   LIST_INIT(&s->conns);
+  LIST_INIT(&s->held);
   TAILQ_INIT(&s->partials);
   LIST_INIT(&s->gathers);
   LIST_INIT(&s->groups);
@@ -225,6 +232,18 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   s->relisten = evtimer_new(base, ncfsm__st_relisten_cb, s);
   if (!s->token || !s->relisten) {
     snprintf(err, errlen, "out of memory");
+    goto fail;
+  }
+  if (o->world_size > (1u << 22)) {
+    snprintf(err, errlen, "world size %u: the store serves jobs of at most %u ranks", o->world_size,
+             1u << 22);
+    goto fail;
+  }
+  if (o->world_size &&
+      ncfsm__st_job_size_set(s, o->world_size,
+                             o->world_from ? o->world_from
+                                           : "the store's --world-size / NCFSM_STORE_WORLD_SIZE") != 0) {
+    snprintf(err, errlen, "max bytes too small for a job of %u ranks", o->world_size);
     goto fail;
   }
   s->lis = evconnlistener_new_bind(base, ncfsm__st_accept_cb, s,
@@ -252,6 +271,7 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   return 0;
 fail:
   if (s->relisten) event_free(s->relisten);
+  free(s->ranks);
   free(s->token);
   free(s);
   return -1;
