@@ -75,8 +75,35 @@ ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fm
   va_start(ap, fmt);
   ncfsm__boot_vseterr(b, fmt, ap);
   va_end(ap);
-  if (b->failed == NCFSM_OK) b->failed = st;
+  ncfsm__boot_set_failed(b, st);
   return st;
+}
+
+void ncfsm__boot_set_failed(ncfsm_boot *b, ncfsm_result_t st) {
+  if (b->failed != NCFSM_OK || st == NCFSM_OK) return;
+  b->failed = st;
+  if (b->failed_cb) event_active(b->failed_ev, 0, 0);
+}
+
+/* The bootstrap failed: tell the callback once (loop thread). */
+static void failed_ev_cb(evutil_socket_t fd, short what, void *arg) {
+  ncfsm_boot *b = arg;
+  (void)fd;
+  (void)what;
+  if (!b->failed_cb || b->failed_told || b->failed == NCFSM_OK) return;
+  b->failed_told = 1;
+  b->in_lost_cb++;
+  b->failed_cb(b, b->failed, b->err, b->failed_arg);
+  b->in_lost_cb--;
+}
+
+ncfsm_result_t ncfsm_boot_on_failed(ncfsm_boot *b, ncfsm_boot_failed_cb cb, void *arg) {
+  if (!b || b->magic != NCFSM__BOOT_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  b->failed_cb = cb;
+  b->failed_arg = arg;
+  b->failed_told = 0;
+  if (cb && b->failed != NCFSM_OK) event_active(b->failed_ev, 0, 0);
+  return NCFSM_OK;
 }
 
 static ncfsm_boot_kind_t pick_kind(const ncfsm_boot_opts *o) {
@@ -179,8 +206,11 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   b->local_size = opts->size;
   b->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 60000;
   b->lost_ev = event_new(base, -1, 0, lost_ev_cb, b);
-  if (!b->lost_ev) {
+  b->failed_ev = event_new(base, -1, 0, failed_ev_cb, b);
+  if (!b->lost_ev || !b->failed_ev) {
     snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
+    if (b->lost_ev) event_free(b->lost_ev);
+    if (b->failed_ev) event_free(b->failed_ev);
     free(b);
     return NCFSM_ERR_NO_MEMORY;
   }
@@ -188,6 +218,7 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   if (r != NCFSM_OK) {
     snprintf(open_err, sizeof open_err, "%s", b->err[0] ? b->err : ncfsm_strerror(r));
     event_free(b->lost_ev);
+    event_free(b->failed_ev);
     b->magic = NCFSM__BOOT_DEAD_MAGIC;
     free(b);
     return r;
@@ -221,6 +252,7 @@ ncfsm_result_t ncfsm_boot_close(ncfsm_boot *b) {
   b->ops->close(b);
   if (b->parent) b->parent->children--;
   event_free(b->lost_ev);
+  event_free(b->failed_ev);
   if (b->lost)
     for (int r = 0; r < b->size; r++) free(b->lost_why[r]);
   free(b->lost);
@@ -607,7 +639,10 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
   c->timeout_ms = b->timeout_ms;
   c->parent = b;
   c->lost_ev = event_new(b->base, -1, 0, lost_ev_cb, c);
-  if (!c->lost_ev) {
+  c->failed_ev = event_new(b->base, -1, 0, failed_ev_cb, c);
+  if (!c->lost_ev || !c->failed_ev) {
+    if (c->lost_ev) event_free(c->lost_ev);
+    if (c->failed_ev) event_free(c->failed_ev);
     free(c);
     return NCFSM_ERR_NO_MEMORY;
   }
@@ -615,6 +650,7 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
   if (r != NCFSM_OK) {
     ncfsm__boot_seterr(b, "%s", c->err);
     event_free(c->lost_ev);
+    event_free(c->failed_ev);
     if (c->lost)
       for (int i = 0; i < c->size; i++) free(c->lost_why[i]);
     free(c->lost);

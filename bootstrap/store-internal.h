@@ -5,6 +5,7 @@
  *   store_ranks.c    HELLO (token, throttle, job size), ranks gone, LOST pushes
  *   store_requests.c SET, GET/WAIT, ADD, GATHER, BCAST and the dispatch of frames
  *   store_groups.c   survivors' groups and agreements (AGREE)
+ *   store_heartbeat.c the ranks' heartbeat connections, PINGs, a silent rank lost
  *   store_reply.c    replies, parked requests, failed gathers
  *   store_table.c    the keys (uthash), values as refcounted blobs, max_bytes accounting
  *   tcp_addr.c       addresses and the constant-time compare, shared with the client
@@ -89,6 +90,7 @@ struct sconn {
   char peer[80];
   uint8_t akey[17];         /* peer address (family, bytes) for the throttle */
   int authed, closing, paused, ranked, released, overflow;
+  int hb;                   /* the heartbeat connection of rank `rank` (only PINGs) */
   int held;                 /* its HELLO (a rank other than 0) waits for rank 0's: in s->held */
   uint32_t held_rank, held_size, held_id;
   LIST_ENTRY(sconn) hlink;
@@ -139,6 +141,7 @@ enum { RS_NONE = 0, RS_LIVE, RS_GONE };
 
 struct rankslot {
   struct sconn *c;
+  struct sconn *hbc;        /* its heartbeat connection, if it opened one */
   char *why;                /* RS_GONE: what happened, for later GATHERs */
   uint8_t state;
 };
@@ -158,6 +161,7 @@ struct ncfsm__store {
   struct event_base *base;
   struct evconnlistener *lis;
   struct event *relisten;
+  struct event *hb_timer;       /* PINGs every heartbeat_ms */
   int relisten_ms;
   int port;
   int reserve_fd;
@@ -240,6 +244,15 @@ void ncfsm__st_rank_release(struct sconn *c, const char *reason);
 const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);
 /* Fix the job's size; from says by whom, for the refusals of other sizes. 0, or -1 (max_bytes). */
 int ncfsm__st_job_size_set(ncfsm__store *s, uint32_t size, const char *from);
+
+/* store_heartbeat.c */
+void ncfsm__st_hb_ok_value(const ncfsm__store *s, uint8_t v[12]);
+/* A HELLO with flag HEARTBEAT: NULL when c became rank's heartbeat connection, else why not. */
+const char *ncfsm__st_hb_hello(struct sconn *c, uint32_t rank, uint32_t size, uint32_t id, char *buf,
+                               size_t n);
+void ncfsm__st_hb_silent(struct sconn *c);
+void ncfsm__st_hb_unlink(struct sconn *c);
+void ncfsm__st_hb_tick(evutil_socket_t fd, short what, void *arg);
 
 /* store_requests.c: a frame of c; NULL, or why c must be closed (buf may hold it) */
 const char *ncfsm__st_handle(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);

@@ -68,6 +68,7 @@ void ncfsm__st_conn_free(struct sconn *c) {
   while ((aw = LIST_FIRST(&c->agw)) != NULL) ncfsm__st_agwaiter_free(s, aw);
   if (c->in_partial) TAILQ_REMOVE(&s->partials, c, partial);
   if (c->held) LIST_REMOVE(c, hlink);
+  if (c->hb) ncfsm__st_hb_unlink(c);
   s->inflight -= c->in_acct;
   event_free(c->timer);
   LIST_REMOVE(c, link);
@@ -102,8 +103,9 @@ static void conn_closing_event_cb(struct bufferevent *bev, short what, void *arg
 void ncfsm__st_conn_fail(struct sconn *c, uint32_t id, const char *why, int drop) {
   ncfsm__store *s = c->s;
   if (c->closing) return;
-  if (c->ranked) /* at most one per rank: always */
-    NCFSM_WARN(SUB, "store: closing connection from %s (rank %u): %s", c->peer, c->rank, why);
+  if (c->ranked || c->hb) /* at most one (two) per rank: always */
+    NCFSM_WARN(SUB, "store: closing %sconnection from %s (rank %u): %s", c->hb ? "heartbeat " : "",
+               c->peer, c->rank, why);
   else
     ncfsm__st_warn_limited(s, W_CLOSE, "store: closing connection from %s (rank -1): %s", c->peer, why);
   c->closing = 1;
@@ -223,6 +225,8 @@ static void conn_write_cb(struct bufferevent *bev, void *arg) {
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
   struct sconn *c = arg;
   ncfsm__store *s = c->s;
+  if ((what & BEV_EVENT_TIMEOUT) && (what & BEV_EVENT_READING)) /* a heartbeat connection */
+    return ncfsm__st_hb_silent(c);
   if (what & BEV_EVENT_TIMEOUT) { /* writing: no reply read for out_stall_ms */
     s->st.closed_unread++;
     char msg[300];

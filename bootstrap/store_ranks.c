@@ -44,6 +44,7 @@ void ncfsm__st_rank_release(struct sconn *c, const char *reason) {
   c->released = 1;
   struct rankslot *slot = &s->ranks[c->rank];
   if (slot->c != c) return;
+  ncfsm__st_hb_unlink(c);
   char why[400];
   snprintf(why, sizeof why, "rank %u (%s) disconnected: %s", c->rank, c->peer, reason);
   slot->c = NULL;
@@ -186,7 +187,10 @@ static const char *admit(struct sconn *c, uint32_t rank, uint32_t size, uint32_t
   bufferevent_setwatermark(c->bev, EV_READ, 0,
                            (size_t)NCFSM__FRAME_HDR + s->lim.key_max + s->lim.value_max);
   NCFSM_TRACE(SUB, "store: %s authenticated as rank %u of %u", c->peer, rank, size);
-  ncfsm__st_reply(c, NCFSM__F_OK, id, NULL, 0);
+  uint8_t hv[12];
+  ncfsm__st_hb_ok_value(s, hv);
+  if (c->ranked && !s->o.heartbeat_off) ncfsm__st_reply(c, NCFSM__F_OK, id, hv, sizeof hv);
+  else ncfsm__st_reply(c, NCFSM__F_OK, id, NULL, 0);
   if (c->ranked && s->n_gone) /* the ranks lost before it came */
     for (uint32_t r = 0; r < s->job_size; r++) {
       const struct rankslot *sl = &s->ranks[r];
@@ -222,6 +226,7 @@ const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char 
     return buf;
   }
   uint32_t rank = ncfsm__rd32(f->value), size = ncfsm__rd32(f->value + 4);
+  uint32_t flags = f->vlen == 12 ? ncfsm__rd32(f->value + 8) : 0;
   if (s->o.rank_secrets && size > 0 && rank < size) { /* the rank's own secret, not the token */
     char secret[65];
     ncfsm__rank_secret((const char *)s->token, rank, size, secret);
@@ -252,6 +257,7 @@ const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char 
       snprintf(buf, n, "HELLO size %u: the store serves jobs of at most %u ranks", size, 1u << 22);
       return buf;
     }
+    if (flags & NCFSM__HELLO_HEARTBEAT) return ncfsm__st_hb_hello(c, rank, size, f->id, buf, n);
     if (!s->job_size && rank != 0) { /* the job's size is rank 0's: wait for it */
       c->held = 1;
       c->held_rank = rank;
@@ -267,6 +273,7 @@ const char *ncfsm__st_handle_hello(struct sconn *c, const ncfsm__frame *f, char 
       return NULL;
     }
   }
+  if (flags & NCFSM__HELLO_HEARTBEAT) return "a heartbeat connection's HELLO without a rank";
   return admit(c, rank, size, f->id, buf, n);
 }
 

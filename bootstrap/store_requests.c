@@ -312,6 +312,8 @@ const char *ncfsm__st_handle(struct sconn *c, const ncfsm__frame *f, char *buf, 
     return "a request before the store answered the HELLO (it answers once rank 0's HELLO gave "
            "the job's size)";
   if (!c->authed) return "first frame is not HELLO";
+  if (f->type == NCFSM__F_PING) return NULL; /* heard: nothing to answer */
+  if (c->hb) return "a request on a heartbeat connection (only PING)";
   switch (f->type) {
   case NCFSM__F_SET: handle_set(c, f); return NULL;
   case NCFSM__F_GET:

@@ -109,6 +109,8 @@ void ncfsm__store_opts_init(ncfsm__store_opts *o) {
   o->rejoin = 0;
   o->auth_fail_burst = 10;
   o->auth_fail_per_s = 2;
+  o->heartbeat_ms = 1000;
+  o->silence_ms = 4000;
 }
 
 static void env_u64(const char *name, uint64_t *v) {
@@ -150,6 +152,9 @@ void ncfsm__store_opts_env(ncfsm__store_opts *o) {
     env_u64("NCFSM_STORE_WORLD_SIZE", &v);
     o->world_size = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
   }
+  env_u64("NCFSM_STORE_HEARTBEAT_MS", &o->heartbeat_ms);
+  env_u64("NCFSM_STORE_SILENCE_MS", &o->silence_ms);
+  if (getenv("NCFSM_STORE_HEARTBEAT")) o->heartbeat_off = ncfsm__env_ll("NCFSM_STORE_HEARTBEAT", 1) == 0;
   if (getenv("NCFSM_STORE_REJOIN")) o->rejoin = ncfsm__env_ll("NCFSM_STORE_REJOIN", 0) != 0;
   if (getenv("NCFSM_STORE_RANK_SECRETS"))
     o->rank_secrets = ncfsm__env_ll("NCFSM_STORE_RANK_SECRETS", 0) != 0;
@@ -203,6 +208,8 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   DFLT(max_parked);
   DFLT(auth_fail_burst);
   DFLT(auth_fail_per_s);
+  DFLT(heartbeat_ms);
+  DFLT(silence_ms);
 #undef DFLT
   if (s->o.max_conns <= 0) {
     struct rlimit rl;
@@ -222,7 +229,7 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   s->lim.value_max = s->o.value_max;
   if (s->lim.value_max < 8 + 1) s->lim.value_max = s->o.value_max = 9;
   s->hello_lim.key_max = s->o.key_max;
-  s->hello_lim.value_max = 8;
+  s->hello_lim.value_max = 12;
   LIST_INIT(&s->conns);
   LIST_INIT(&s->held);
   TAILQ_INIT(&s->partials);
@@ -230,9 +237,21 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   LIST_INIT(&s->groups);
   LIST_INIT(&s->blobs);
   s->relisten = evtimer_new(base, ncfsm__st_relisten_cb, s);
-  if (!s->token || !s->relisten) {
+  s->hb_timer = event_new(base, -1, EV_PERSIST, ncfsm__st_hb_tick, s);
+  if (!s->token || !s->relisten || !s->hb_timer) {
     snprintf(err, errlen, "out of memory");
     goto fail;
+  }
+  if (!s->o.heartbeat_off && (s->o.silence_ms < 2 * s->o.heartbeat_ms || s->o.silence_ms > UINT32_MAX)) {
+    snprintf(err, errlen, "silence %" PRIu64 " ms must be at least twice the heartbeat (%" PRIu64
+                          " ms): raise --silence-ms / NCFSM_STORE_SILENCE_MS or lower "
+                          "--heartbeat-ms / NCFSM_STORE_HEARTBEAT_MS",
+             s->o.silence_ms, s->o.heartbeat_ms);
+    goto fail;
+  }
+  if (!s->o.heartbeat_off) {
+    struct timeval hb = ncfsm__st_ms_tv(s->o.heartbeat_ms);
+    event_add(s->hb_timer, &hb);
   }
   if (o->world_size > (1u << 22)) {
     snprintf(err, errlen, "world size %u: the store serves jobs of at most %u ranks", o->world_size,
@@ -264,13 +283,16 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
   NCFSM_INFO(SUB, "store: listening on %s (port %d); max %d connections, frame timeout %" PRIu64
                   " ms, max inflight %" PRIu64 ", out high/max %" PRIu64 "/%" PRIu64
-                  ", max bytes %" PRIu64,
+                  ", max bytes %" PRIu64 "; heartbeats %s every %" PRIu64 " ms, silence %" PRIu64
+                  " ms",
              o->listen, s->port, s->o.max_conns, s->o.frame_timeout_ms, s->o.max_inflight,
-             s->o.out_high, s->o.out_max, s->o.max_bytes);
+             s->o.out_high, s->o.out_max, s->o.max_bytes, s->o.heartbeat_off ? "off" : "on",
+             s->o.heartbeat_ms, s->o.silence_ms);
   *out = s;
   return 0;
 fail:
   if (s->relisten) event_free(s->relisten);
+  if (s->hb_timer) event_free(s->hb_timer);
   free(s->ranks);
   free(s->token);
   free(s);
@@ -295,6 +317,7 @@ void ncfsm__store_close(ncfsm__store *s) {
   }
   evconnlistener_free(s->lis);
   event_free(s->relisten);
+  event_free(s->hb_timer);
   if (s->reserve_fd >= 0) close(s->reserve_fd);
   ncfsm__st_table_clear(s);
   struct group *g;

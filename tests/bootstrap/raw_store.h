@@ -31,20 +31,55 @@ static inline void *store_main(void *p) {
   return NULL;
 }
 
-static inline void store_start_secrets(store_thread *t, uint64_t auth_timeout_ms, int rank_secrets) {
+/* The store's options for the tests: 127.0.0.1, a free port, TOKEN. */
+static inline void store_test_opts(ncfsm__store_opts *o) {
+  ncfsm__store_opts_init(o);
+  o->listen = "127.0.0.1:0";
+  o->token = TOKEN;
+}
+
+/* A store with options o on a thread of its own. */
+static inline void store_start_opts(store_thread *t, const ncfsm__store_opts *o) {
   memset(t, 0, sizeof *t);
   t->base = bt_base();
-  ncfsm__store_opts o;
-  ncfsm__store_opts_init(&o);
-  o.listen = "127.0.0.1:0";
-  o.token = TOKEN;
-  if (auth_timeout_ms) o.auth_timeout_ms = auth_timeout_ms;
-  o.rank_secrets = rank_secrets;
   char err[256];
-  assert_int_equal(0, ncfsm__store_open(t->base, &o, &t->s, err, sizeof err));
+  assert_int_equal(0, ncfsm__store_open(t->base, o, &t->s, err, sizeof err));
   t->port = ncfsm__store_port(t->s);
   assert_true(t->port > 0);
   assert_int_equal(0, pthread_create(&t->th, NULL, store_main, t));
+}
+
+static inline void store_start_secrets(store_thread *t, uint64_t auth_timeout_ms, int rank_secrets) {
+  ncfsm__store_opts o;
+  store_test_opts(&o);
+  if (auth_timeout_ms) o.auth_timeout_ms = auth_timeout_ms;
+  o.rank_secrets = rank_secrets;
+  store_start_opts(t, &o);
+}
+
+/* A store with options o in a child process (forked: call it before threads of the test
+ * hold locks); its pid, and its port in *port. */
+static inline pid_t store_fork(const ncfsm__store_opts *o, int *port) {
+  int pfd[2];
+  assert_int_equal(0, pipe(pfd));
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(pfd[0]);
+    struct event_base *cb = event_base_new();
+    ncfsm__store *s;
+    char err[256];
+    if (ncfsm__store_open(cb, o, &s, err, sizeof err) != 0) _exit(1);
+    int p = ncfsm__store_port(s);
+    if (write(pfd[1], &p, sizeof p) != sizeof p) _exit(1);
+    event_base_loop(cb, EVLOOP_NO_EXIT_ON_EMPTY);
+    _exit(0);
+  }
+  close(pfd[1]);
+  *port = 0;
+  assert_int_equal(sizeof *port, read(pfd[0], port, sizeof *port));
+  close(pfd[0]);
+  return pid;
 }
 
 static inline void store_start(store_thread *t, uint64_t auth_timeout_ms) {

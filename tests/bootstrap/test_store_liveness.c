@@ -1,6 +1,9 @@
-/* tcp store: who decides the job's size (issue 24, item 4), on 127.0.0.1. */
+/* tcp store: who decides the job's size (issue 24, item 4), and heartbeats
+ * (item 3): a stopped rank and a stopped store are found within the silence
+ * limit, a rank that does not run its loop is not lost. On 127.0.0.1. */
 #include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include "tests/bootstrap/raw_store.h"
 
@@ -107,17 +110,10 @@ static void test_size_known_at_start(void **state) {
   event_base_free(base);
 
   store_thread st;
-  memset(&st, 0, sizeof st);
-  st.base = bt_base();
   ncfsm__store_opts so;
-  ncfsm__store_opts_init(&so);
-  so.listen = "127.0.0.1:0";
-  so.token = TOKEN;
+  store_test_opts(&so);
   so.world_size = 3;
-  char err[256];
-  assert_int_equal(0, ncfsm__store_open(st.base, &so, &st.s, err, sizeof err));
-  st.port = ncfsm__store_port(st.s);
-  assert_int_equal(0, pthread_create(&st.th, NULL, store_main, &st));
+  store_start_opts(&st, &so);
   fd = raw_connect(st.port);
   assert_int_equal(NCFSM__F_ERR, raw_hello_rank(fd, 0, 1000, msg, sizeof msg));
   assert_non_null(strstr(msg, "says the job has 1000 ranks, the store's job has 3 (the store's --world-size"));
@@ -128,6 +124,172 @@ static void test_size_known_at_start(void **state) {
   store_stop(&st);
 }
 
+/* ---- heartbeats --------------------------------------------------------------------- */
+
+enum { HB_MS = 100, SILENCE_MS = 400 };
+
+static void hb_store_start(store_thread *t) {
+  ncfsm__store_opts o;
+  store_test_opts(&o);
+  o.heartbeat_ms = HB_MS;
+  o.silence_ms = SILENCE_MS;
+  store_start_opts(t, &o);
+}
+
+static int lost_n;
+static double lost_at;
+static char lost_why[600];
+static void on_lost(ncfsm_boot *b, int rank, const char *why, void *arg) {
+  (void)b;
+  (void)arg;
+  lost_n++;
+  lost_at = bt_now();
+  snprintf(lost_why, sizeof lost_why, "rank %d: %s", rank, why);
+}
+
+static int failed_n;
+static double failed_at;
+static char failed_why[600];
+static void on_failed(ncfsm_boot *b, ncfsm_result_t st, const char *why, void *arg) {
+  (void)b;
+  (void)arg;
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, st);
+  failed_n++;
+  failed_at = bt_now();
+  snprintf(failed_why, sizeof failed_why, "%s", why);
+}
+
+static void run_for(struct event_base *base, double s) {
+  struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+  event_base_loopexit(base, &tv);
+  event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY);
+}
+
+/* A rank stopped with SIGSTOP (its heartbeat thread too) is lost within the silence
+ * limit; rank 0 is told by name. */
+static void test_stopped_rank_lost(void **state) {
+  (void)state;
+  store_thread st;
+  hb_store_start(&st);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) { /* rank 1: meets rank 0, then runs its loop until stopped and killed */
+    struct event_base *cb = event_base_new();
+    ncfsm_boot *b = bt_open_tcp(cb, st.port, 1, 2, TOKEN, NULL, 10000);
+    if (ncfsm_boot_allgather(b, NULL, NULL, 0) != NCFSM_OK) _exit(1);
+    for (;;) event_base_loop(cb, EVLOOP_NO_EXIT_ON_EMPTY);
+  }
+  struct event_base *base = bt_base();
+  ncfsm_boot *b0 = bt_open_tcp(base, st.port, 0, 2, TOKEN, NULL, 10000);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather(b0, NULL, NULL, 0));
+  lost_n = 0;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_on_peer_lost(b0, on_lost, NULL));
+  run_for(base, 0.5); /* heartbeats keep an idle rank alive */
+  assert_int_equal(0, lost_n);
+  double t0 = bt_now();
+  kill(pid, SIGSTOP);
+  while (!lost_n && bt_now() - t0 < 5) run_for(base, 0.05);
+  assert_int_equal(1, lost_n);
+  double dt = lost_at - t0;
+  assert_true(dt > 0.2 && dt < 2.0); /* silence 0.4 s; a margin for a loaded machine */
+  if (!strstr(lost_why, "rank 1: rank 1 (127.0.0.1:") || !strstr(lost_why, "no heartbeat from rank 1 for 400 ms"))
+    fail_msg("lost: %s", lost_why);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  ncfsm_boot_on_peer_lost(b0, NULL, NULL);
+  ncfsm_boot_close(b0);
+  event_base_free(base);
+  store_stop(&st);
+  assert_int_equal(1, (int)st.st.closed_silent);
+}
+
+/* A rank whose loop does not run for longer than the silence limit (computing) is not lost:
+ * its heartbeat thread speaks for it. */
+static void test_busy_rank_not_lost(void **state) {
+  (void)state;
+  store_thread st;
+  hb_store_start(&st);
+  struct event_base *b0base = bt_base(), *b1base = bt_base();
+  ncfsm_boot *bs[2] = {bt_open_tcp(b0base, st.port, 0, 2, TOKEN, NULL, 10000),
+                       bt_open_tcp(b1base, st.port, 1, 2, TOKEN, NULL, 10000)};
+  ncfsm_boot_req *r[2];
+  assert_int_equal(NCFSM_OK, ncfsm_boot_barrier_post(bs[0], &r[0]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_barrier_post(bs[1], &r[1]));
+  while (ncfsm_boot_test(r[0]) == NCFSM_ERR_AGAIN || ncfsm_boot_test(r[1]) == NCFSM_ERR_AGAIN) {
+    event_base_loop(b0base, EVLOOP_NONBLOCK);
+    event_base_loop(b1base, EVLOOP_NONBLOCK);
+  }
+  ncfsm_boot_req_free(r[0]);
+  ncfsm_boot_req_free(r[1]);
+  lost_n = failed_n = 0;
+  ncfsm_boot_on_peer_lost(bs[0], on_lost, NULL);
+  ncfsm_boot_on_failed(bs[1], on_failed, NULL);
+  run_for(b0base, 3 * SILENCE_MS / 1000.0); /* rank 1's base is not run meanwhile */
+  event_base_loop(b1base, EVLOOP_NONBLOCK);
+  assert_int_equal(0, lost_n);
+  assert_int_equal(0, failed_n);
+  ncfsm_boot_on_peer_lost(bs[0], NULL, NULL);
+  ncfsm_boot_close(bs[0]);
+  ncfsm_boot_close(bs[1]);
+  event_base_free(b0base);
+  event_base_free(b1base);
+  store_stop(&st);
+  assert_int_equal(0, (int)st.st.closed_silent);
+}
+
+/* A standalone store stopped with SIGSTOP: every rank's bootstrap fails within the silence
+ * limit, naming the store, and ncfsm_boot_on_failed tells it. */
+static void test_stopped_store_lost(void **state) {
+  (void)state;
+  ncfsm__store_opts so;
+  store_test_opts(&so);
+  so.heartbeat_ms = HB_MS;
+  so.silence_ms = SILENCE_MS;
+  int port;
+  pid_t pid = store_fork(&so, &port);
+  struct event_base *base = bt_base();
+  ncfsm_boot *bs[2] = {bt_open_tcp(base, port, 0, 2, TOKEN, NULL, 10000),
+                       bt_open_tcp(base, port, 1, 2, TOKEN, NULL, 10000)};
+  round_all(base, bs, 2, 2, 8, 0);
+  failed_n = 0;
+  ncfsm_boot_on_failed(bs[0], on_failed, NULL);
+  ncfsm_boot_on_failed(bs[1], on_failed, NULL);
+  run_for(base, 0.5);
+  assert_int_equal(0, failed_n);
+  double t0 = bt_now();
+  kill(pid, SIGSTOP);
+  while (failed_n < 2 && bt_now() - t0 < 5) run_for(base, 0.05);
+  assert_int_equal(2, failed_n);
+  double dt = failed_at - t0;
+  assert_true(dt > 0.2 && dt < 2.0);
+  if (!strstr(failed_why, "silent for") || !strstr(failed_why, "store 127.0.0.1:"))
+    fail_msg("failed: %s", failed_why);
+  ncfsm_boot_req *r;
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_barrier_post(bs[0], &r)); /* sticky */
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  ncfsm_boot_close(bs[0]);
+  ncfsm_boot_close(bs[1]);
+  event_base_free(base);
+}
+
+/* The store's heartbeat settings are checked at open. */
+static void test_heartbeat_settings(void **state) {
+  (void)state;
+  struct event_base *base = bt_base();
+  ncfsm__store_opts o;
+  ncfsm__store_opts_init(&o);
+  o.listen = "127.0.0.1:0";
+  o.token = TOKEN;
+  o.heartbeat_ms = 1000;
+  o.silence_ms = 1500;
+  ncfsm__store *s;
+  char err[256];
+  assert_int_equal(-1, ncfsm__store_open(base, &o, &s, err, sizeof err));
+  assert_non_null(strstr(err, "silence 1500 ms must be at least twice the heartbeat (1000 ms)"));
+  event_base_free(base);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
@@ -135,6 +297,10 @@ int main(void) {
       BT_TEST(test_claim_gone_leaves_nothing),
       BT_TEST(test_request_before_hello_answer),
       BT_TEST(test_size_known_at_start),
+      BT_TEST(test_stopped_rank_lost),
+      BT_TEST(test_busy_rank_not_lost),
+      BT_TEST(test_stopped_store_lost),
+      BT_TEST(test_heartbeat_settings),
   };
   return cmocka_run_group_tests_name("bootstrap_store_liveness", tests, NULL, NULL);
 }

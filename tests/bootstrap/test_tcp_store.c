@@ -519,29 +519,10 @@ static void kill_cb(evutil_socket_t fd, short what, void *arg) {
 
 static void test_server_killed_mid_wait(void **state) {
   (void)state;
-  int pfd[2];
-  assert_int_equal(0, pipe(pfd));
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    close(pfd[0]);
-    struct event_base *cb = event_base_new();
-    ncfsm__store_opts o;
-    ncfsm__store_opts_init(&o);
-    o.listen = "127.0.0.1:0";
-    o.token = TOKEN;
-    ncfsm__store *s;
-    char err[256];
-    if (ncfsm__store_open(cb, &o, &s, err, sizeof err) != 0) _exit(1);
-    int port = ncfsm__store_port(s);
-    if (write(pfd[1], &port, sizeof port) != sizeof port) _exit(1);
-    event_base_loop(cb, EVLOOP_NO_EXIT_ON_EMPTY);
-    _exit(0);
-  }
-  close(pfd[1]);
-  int port = 0;
-  assert_int_equal(sizeof port, read(pfd[0], &port, sizeof port));
-  close(pfd[0]);
+  ncfsm__store_opts so;
+  store_test_opts(&so);
+  int port;
+  pid_t pid = store_fork(&so, &port);
   struct event_base *base = bt_base();
   /* rank 0 of 2: rank 1 never comes, so the allgather waits on the store */
   ncfsm_boot *b = open_tcp(base, port, 0, 2, TOKEN, 5000);
