@@ -168,6 +168,14 @@ static void *hb_main(void *arg) {
                      (const char *)f.value);
           return NULL;
         }
+        if (f.type == NCFSM__F_ERR && f.vlen >= 10 && !memcmp(f.value, "store busy", 10)) {
+          NCFSM_WARN(NCFSM__SUB_BOOT, "tcp bootstrap rank %u: store %s refused the heartbeat "
+                                      "connection: %.*s; this rank runs without heartbeats (the "
+                                      "store cannot tell it hung): give the store 2 connections "
+                                      "per rank (--max-conns, ulimit -n)",
+                     o->rank, h->addr_str, (int)f.vlen, (const char *)f.value);
+          return NULL;
+        }
         if (f.type == NCFSM__F_ERR) {
           hb_fail(h, "store %s refused rank %u's heartbeat connection: %.*s", h->addr_str, o->rank,
                   (int)f.vlen, (const char *)f.value);

@@ -1,7 +1,7 @@
 /*
  * netns_probe: one rank of the "several hosts" harness (tests/netns/run_faults.sh).
- * It opens the tcp bootstrap from the environment (NCFSM_STORE_ADDR,
- * NCFSM_STORE_TOKEN, NCFSM_RANK, NCFSM_WORLD_SIZE), runs an allgather every
+ * It opens the bootstrap from the environment (tcp: NCFSM_STORE_ADDR,
+ * NCFSM_STORE_TOKEN, NCFSM_RANK, NCFSM_WORLD_SIZE; pmix under mpirun), runs an allgather every
  * --period-ms whose every entry is checked (who sent it, which round, a
  * checksum), and prints what it sees, one line each, stamped with
  * CLOCK_REALTIME in ms (one clock for every namespace of the machine):
@@ -102,8 +102,7 @@ int main(int argc, char **argv) {
   evthread_use_pthreads();
   struct event_base *base = event_base_new();
   ncfsm_boot_opts o;
-  ncfsm_boot_opts_init(&o);
-  o.kind = NCFSM_BOOT_TCP;
+  ncfsm_boot_opts_init(&o); /* auto: tcp with NCFSM_STORE_ADDR, pmix under a launcher */
   ncfsm_boot *job, *b;
   if (ncfsm_boot_open(base, &o, &job) != NCFSM_OK) {
     printf("END %.3f rank %d rounds 0 wrong 0 open failed: %s\n", real_ms(), o.rank, ncfsm_boot_open_error());
