@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <event2/util.h>
+
 #include "core/log.h"
 #include "ncfsm/bootstrap.h"
 
@@ -145,6 +147,9 @@ void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st);
 /* Rank rank of b is lost (loop thread): recorded once; the callback, if
  * any, is told from the dispatch. */
 void ncfsm__boot_peer_lost(ncfsm_boot *b, int rank, const char *why);
+/* boot_notify.c: the events that deliver the peer-lost and the failed callbacks. */
+void ncfsm__boot_lost_ev_cb(evutil_socket_t fd, short what, void *arg);
+void ncfsm__boot_failed_ev_cb(evutil_socket_t fd, short what, void *arg);
 /* Why rank of b was lost, or NULL. */
 const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank);
 /* Mark the channel failed (sticky: the first status stays) and tell ncfsm_boot_on_failed's

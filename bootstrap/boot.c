@@ -79,85 +79,12 @@ ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fm
   return st;
 }
 
-void ncfsm__boot_set_failed(ncfsm_boot *b, ncfsm_result_t st) {
-  if (b->failed != NCFSM_OK || st == NCFSM_OK) return;
-  b->failed = st;
-  if (b->failed_cb) event_active(b->failed_ev, 0, 0);
-}
-
-/* The bootstrap failed: tell the callback once (loop thread). */
-static void failed_ev_cb(evutil_socket_t fd, short what, void *arg) {
-  ncfsm_boot *b = arg;
-  (void)fd;
-  (void)what;
-  if (!b->failed_cb || b->failed_told || b->failed == NCFSM_OK) return;
-  b->failed_told = 1;
-  b->in_lost_cb++;
-  b->failed_cb(b, b->failed, b->err, b->failed_arg);
-  b->in_lost_cb--;
-}
-
-ncfsm_result_t ncfsm_boot_on_failed(ncfsm_boot *b, ncfsm_boot_failed_cb cb, void *arg) {
-  if (!b || b->magic != NCFSM__BOOT_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
-  b->failed_cb = cb;
-  b->failed_arg = arg;
-  b->failed_told = 0;
-  if (cb && b->failed != NCFSM_OK) event_active(b->failed_ev, 0, 0);
-  return NCFSM_OK;
-}
-
 static ncfsm_boot_kind_t pick_kind(const ncfsm_boot_opts *o) {
   if (o->kind != NCFSM_BOOT_AUTO) return o->kind;
   const char *pr = getenv("PMIX_RANK");
   if (pr && *pr) return NCFSM_BOOT_PMIX;
   if (o->store_addr && *o->store_addr) return NCFSM_BOOT_TCP;
   return NCFSM_BOOT_LOCAL;
-}
-
-/* ---- peer loss ------------------------------------------------------------ */
-
-/* Tell the callback every lost rank it has not been told (loop thread). */
-static void lost_ev_cb(evutil_socket_t fd, short what, void *arg) {
-  ncfsm_boot *b = arg;
-  (void)fd;
-  (void)what;
-  if (!b->lost) return;
-  b->in_lost_cb++;
-  for (int r = 0; r < b->size && b->lost_cb; r++) {
-    if (!(b->lost[r] & NCFSM__LOST) || (b->lost[r] & NCFSM__LOST_TOLD)) continue;
-    b->lost[r] |= NCFSM__LOST_TOLD;
-    b->lost_cb(b, r, b->lost_why[r] ? b->lost_why[r] : "lost", b->lost_arg);
-  }
-  b->in_lost_cb--;
-}
-
-void ncfsm__boot_peer_lost(ncfsm_boot *b, int rank, const char *why) {
-  if (rank < 0 || rank >= b->size || rank == b->rank) return;
-  if (!b->lost) {
-    b->lost = calloc((size_t)b->size, 1);
-    b->lost_why = calloc((size_t)b->size, sizeof *b->lost_why);
-    if (!b->lost || !b->lost_why) {
-      free(b->lost);
-      free(b->lost_why);
-      b->lost = NULL;
-      b->lost_why = NULL;
-      NCFSM_WARN(NCFSM__SUB_BOOT, "bootstrap %s rank %d: out of memory recording that rank %d was "
-                                  "lost (%s)",
-                 b->ops->name, b->rank, rank, why);
-      return;
-    }
-  }
-  if (b->lost[rank] & NCFSM__LOST) return;
-  b->lost[rank] = NCFSM__LOST;
-  b->lost_why[rank] = strdup(why ? why : "lost");
-  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s rank %d of %d: rank %d lost: %s", b->ops->name, b->rank,
-             b->size, rank, why ? why : "");
-  if (b->lost_cb) event_active(b->lost_ev, 0, 0);
-}
-
-const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank) {
-  if (!b->lost || rank < 0 || rank >= b->size || !(b->lost[rank] & NCFSM__LOST)) return NULL;
-  return b->lost_why[rank] ? b->lost_why[rank] : "lost";
 }
 
 ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *opts,
@@ -205,8 +132,8 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   b->local_rank = opts->rank;
   b->local_size = opts->size;
   b->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 60000;
-  b->lost_ev = event_new(base, -1, 0, lost_ev_cb, b);
-  b->failed_ev = event_new(base, -1, 0, failed_ev_cb, b);
+  b->lost_ev = event_new(base, -1, 0, ncfsm__boot_lost_ev_cb, b);
+  b->failed_ev = event_new(base, -1, 0, ncfsm__boot_failed_ev_cb, b);
   if (!b->lost_ev || !b->failed_ev) {
     snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
     if (b->lost_ev) event_free(b->lost_ev);
@@ -638,8 +565,8 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
   c->local_size = b->local_size;
   c->timeout_ms = b->timeout_ms;
   c->parent = b;
-  c->lost_ev = event_new(b->base, -1, 0, lost_ev_cb, c);
-  c->failed_ev = event_new(b->base, -1, 0, failed_ev_cb, c);
+  c->lost_ev = event_new(b->base, -1, 0, ncfsm__boot_lost_ev_cb, c);
+  c->failed_ev = event_new(b->base, -1, 0, ncfsm__boot_failed_ev_cb, c);
   if (!c->lost_ev || !c->failed_ev) {
     if (c->lost_ev) event_free(c->lost_ev);
     if (c->failed_ev) event_free(c->failed_ev);

@@ -68,9 +68,9 @@ void ncfsm__st_hb_silent(struct sconn *c) {
                             "stopped or hung, or the network between it and the store is "
                             "partitioned",
            c->rank, s->o.silence_ms, s->o.heartbeat_ms);
-  struct sconn *main = s->ranks[c->rank].hbc == c ? s->ranks[c->rank].c : NULL;
+  struct sconn *own = s->ranks[c->rank].hbc == c ? s->ranks[c->rank].c : NULL; /* the rank's connection */
   ncfsm__st_conn_fail(c, 0, msg, 1);
-  if (main) ncfsm__st_conn_fail(main, 0, msg, 1);
+  if (own) ncfsm__st_conn_fail(own, 0, msg, 1);
 }
 
 /* c (a heartbeat connection, or a rank's) is going: unlink the pair. */

@@ -30,6 +30,9 @@ typedef struct ncfsm__hb_opts {
   struct event *wake;          /* event_active'd from the heartbeat thread when it failed */
 } ncfsm__hb_opts;
 
+/* Libevent's locks are on (evthread_use_pthreads() before the base was made): the thread
+ * may wake the rank's base. */
+int ncfsm__hb_can_wake(void);
 /* Start the heartbeat thread; NULL (err says why) when it cannot. */
 ncfsm__hb *ncfsm__hb_start(const ncfsm__hb_opts *o, char *err, size_t errlen);
 /* Why the heartbeat connection failed, or "" while it runs (any thread). */

@@ -152,22 +152,13 @@ static void hb_failed_cb(evutil_socket_t fd, short what, void *arg) {
   fail_all(t, "%s", why[0] ? why : "heartbeat connection lost");
 }
 
-/* Libevent's locks are on (evthread_use_pthreads before the base): event_active from the
- * heartbeat thread is safe. */
-static int evthread_on(void) {
-  struct evbuffer *e = evbuffer_new();
-  int on = e && evbuffer_enable_locking(e, NULL) == 0;
-  if (e) evbuffer_free(e);
-  return on;
-}
-
 /* The store answered the HELLO with its heartbeat (u32 heartbeat_ms, u32 silence_ms, u32
  * flags): open the heartbeat connection, unless NCFSM_STORE_HEARTBEAT=0. */
 static void hb_start(tcp_impl *t, const ncfsm__frame *f) {
   if (f->vlen != 12 || t->hb || ncfsm__env_ll("NCFSM_STORE_HEARTBEAT", 1) == 0) return;
   uint32_t hb_ms = ncfsm__rd32(f->value), silence_ms = ncfsm__rd32(f->value + 4);
   if (!hb_ms || !silence_ms) return;
-  if (!evthread_on()) {
+  if (!ncfsm__hb_can_wake()) {
     NCFSM_WARN(SUB, "tcp bootstrap rank %d: no heartbeats (call evthread_use_pthreads() before "
                     "making the event_base): the store cannot tell this rank hung from busy",
                t->b->rank);

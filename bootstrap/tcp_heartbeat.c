@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <event2/buffer.h>
 #include <event2/event.h>
 
 #include "bootstrap/frame.h"
@@ -201,6 +202,13 @@ static void *hb_main(void *arg) {
       next_ping = t + o->heartbeat_ms;
     }
   }
+}
+
+int ncfsm__hb_can_wake(void) {
+  struct evbuffer *e = evbuffer_new();
+  int on = e && evbuffer_enable_locking(e, NULL) == 0;
+  if (e) evbuffer_free(e);
+  return on;
 }
 
 ncfsm__hb *ncfsm__hb_start(const ncfsm__hb_opts *o, char *err, size_t errlen) {
