@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev libssl-dev
       libxxhash-dev uthash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
       libclang-rt-dev prometheus curl
-      iptables munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins)  # the netns and slurm tests
+      iproute2 iptables munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins)  # the netns and slurm tests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -15,7 +15,8 @@
 #   5. the service (examples/06_service), 2 tasks: both answer /healthz, a
 #      vector posted to rank 0 shows in rank 1's /average, and
 #      `scancel --signal=TERM` stops both with exit 0.
-# Every daemon is stopped by its pid at the end. Exit 77 (skipped, with the
+# Every daemon is stopped by its pid at the end; the state folder (in /tmp, for
+# the unix sockets' length) is removed, its logs kept in OUTDIR/state. Exit 77 (skipped, with the
 # reason) where Slurm or munge is not installed or the cluster does not come up.
 set -u
 build=${1:?usage: run_slurm.sh BUILD OUTDIR}
@@ -30,8 +31,10 @@ done
 [ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/mpi_pmix_v4.so ] || ls /usr/lib/*/slurm*/mpi_pmix*.so >/dev/null 2>&1 ||
   skip "Slurm has no mpi_pmix plugin (slurm-wlm-basic-plugins)"
 rm -rf "$out" && mkdir -p "$out" || exit 2
-st=$out/state
-mkdir -p "$st/munge" "$st/ctld" "$st/spool" && chmod 700 "$st/munge"
+# the daemons' state in a short folder of its own (munge's and slurmd's unix sockets must
+# fit in 108 bytes, whatever the build folder's path); its logs are copied to OUTDIR/state
+st=$(mktemp -d /tmp/ncfsm-slurm.XXXXXX) || exit 2
+mkdir -p "$st/munge" "$st/ctld" "$st/spool" "$st/pmix" && chmod 700 "$st/munge"
 pids=()
 stop_all() { # every daemon started here, by its pid: TERM, then KILL after 10 s
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
@@ -41,6 +44,9 @@ stop_all() { # every daemon started here, by its pid: TERM, then KILL after 10 s
     wait "$p" 2>/dev/null
   done
   pids=()
+  mkdir -p "$out/state"
+  cp "$st"/*.log "$st"/*.out "$st/slurm.conf" "$st/munge/log" "$out/state/" 2>/dev/null
+  rm -rf "$st"
 }
 trap stop_all EXIT
 trap 'exit 130' INT TERM
@@ -64,6 +70,7 @@ node=$(slurmd -C | head -1)
 host=$(hostname -s)
 cat >"$st/slurm.conf" <<EOF
 ClusterName=ncfsm$$
+FirstJobId=$(( ($$ % 20000) * 1000 + 1 ))
 SlurmctldHost=$host
 SlurmctldPort=$(free_port)
 SlurmdPort=$(free_port)
@@ -87,6 +94,9 @@ JobAcctGatherType=jobacct_gather/none
 $node State=UNKNOWN
 PartitionName=ncfsm Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
+# the pmix plugin's folders in the state folder too (by default /tmp/spmix_appdir_<uid>_<job>.<step>:
+# a fresh cluster counts jobs from FirstJobId again, and another run's leftovers collide)
+echo "PMIxCliTmpDirBase=$st/pmix" >"$st/mpi.conf"
 export SLURM_CONF=$st/slurm.conf
 slurmctld -D -i -f "$SLURM_CONF" >"$st/slurmctld.out" 2>&1 &
 pids+=($!)
@@ -99,7 +109,7 @@ for _ in $(seq 150); do
   sleep 0.2
 done
 [ $up -eq 1 ] || skip "the one-node Slurm did not come up within 30 s (node state '${s:-none}'): $(tail -3 "$st/slurmctld.log" "$st/slurmd.log" 2>/dev/null)"
-echo "slurm: one node up ($(sinfo -h -o '%N %c CPUs %T'), state in $st)"
+echo "slurm: one node up ($(sinfo -h -o '%N %c CPUs %T'), state in $st, logs to $out/state)"
 
 fail=0
 check() { # $1: what, $2: status
