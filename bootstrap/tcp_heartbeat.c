@@ -94,25 +94,35 @@ static const char *sock_err(ncfsm__hb *h, char *buf, size_t n) {
   return buf;
 }
 
-static void *hb_main(void *arg) {
-  ncfsm__hb *h = arg;
+/* A new socket, connected and its HELLO sent: 0, -1 (failed: hb_fail called) or -2 (stopped). */
+static int hb_connect(ncfsm__hb *h) {
   const ncfsm__hb_opts *o = &h->o;
   char why[200];
+  if (h->fd >= 0) close(h->fd);
+  h->fd = socket(h->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (h->fd < 0) {
+    hb_fail(h, "heartbeat connection to store %s: socket: %s", h->addr_str, strerror(errno));
+    return -1;
+  }
+  int one = 1;
+  unsigned ut = o->silence_ms;
+  setsockopt(h->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(h->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
   /* connect, nonblocking, within silence_ms */
   int r = connect(h->fd, (struct sockaddr *)&h->ss, (socklen_t)o->addrlen);
   if (r != 0 && errno != EINPROGRESS) {
     hb_fail(h, "heartbeat connection to store %s: connect: %s", h->addr_str, strerror(errno));
-    return NULL;
+    return -1;
   }
   if (r != 0) {
     int w = wait_fd(h, POLLOUT, (int)o->silence_ms), e = 0;
     socklen_t el = sizeof e;
-    if (w < 0) return NULL;
+    if (w < 0) return -2;
     if (w == 1) getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &e, &el);
     if (w == 0 || e) {
       if (w == 0) snprintf(why, sizeof why, "not connected within %u ms", o->silence_ms);
       hb_fail(h, "heartbeat connection to store %s: %s", h->addr_str, w == 0 ? why : strerror(e));
-      return NULL;
+      return -1;
     }
   }
   uint8_t v[12];
@@ -122,11 +132,19 @@ static void *hb_main(void *arg) {
   if (send_frame(h, NCFSM__F_HELLO, h->token, (uint32_t)strlen(h->token), v, 12) != 0) {
     hb_fail(h, "heartbeat connection to store %s: HELLO not sent: %s", h->addr_str,
             sock_err(h, why, sizeof why));
-    return NULL;
+    return -1;
   }
+  return 0;
+}
+
+static void *hb_main(void *arg) {
+  ncfsm__hb *h = arg;
+  const ncfsm__hb_opts *o = &h->o;
+  char why[200];
+  if (hb_connect(h) != 0) return NULL;
   uint8_t in[NCFSM__FRAME_HDR + NCFSM__FRAME_KEY_MAX + 2048]; /* the largest frame lim admits */
   size_t have = 0;
-  int hello_ok = 0;
+  int hello_ok = 0, throttled = 0;
   uint64_t last_rx = now_ms(), next_ping = last_rx + o->heartbeat_ms;
   ncfsm__frame_limits lim = {NCFSM__FRAME_KEY_MAX, 2048};
   for (;;) {
@@ -169,6 +187,27 @@ static void *hb_main(void *arg) {
                      (const char *)f.value);
           return NULL;
         }
+        if (f.type == NCFSM__F_ERR && !hello_ok && f.vlen >= 9 && !memcmp(f.value, "throttled", 9)) {
+          /* failed HELLOs from this address (an attack, another rank's wrong token): as the
+           * rank's own connection does, wait the pause the store names, and again */
+          char msg[300];
+          snprintf(msg, sizeof msg, "%.*s", (int)f.vlen, (const char *)f.value);
+          const char *in_ms = strstr(msg, "retry in ");
+          int pause = in_ms ? atoi(in_ms + 9) : 0;
+          if (pause < 100) pause = 100;
+          if (pause > 2000) pause = 2000;
+          if (!throttled++)
+            NCFSM_WARN(NCFSM__SUB_BOOT, "tcp bootstrap rank %u: store %s throttled the heartbeat "
+                                        "connection (%s); retrying", o->rank, h->addr_str, msg);
+          struct pollfd sp = {h->stop_pipe[0], POLLIN, 0};
+          if (poll(&sp, 1, pause) != 0) return NULL; /* stopped */
+          int c = hb_connect(h);
+          if (c != 0) return NULL;
+          have = 0;
+          last_rx = now_ms();
+          next_ping = last_rx + o->heartbeat_ms;
+          break;
+        }
         if (f.type == NCFSM__F_ERR && f.vlen >= 10 && !memcmp(f.value, "store busy", 10)) {
           NCFSM_WARN(NCFSM__SUB_BOOT, "tcp bootstrap rank %u: store %s refused the heartbeat "
                                       "connection: %.*s; this rank runs without heartbeats (the "
@@ -187,7 +226,7 @@ static void *hb_main(void *arg) {
         have -= used;
       }
     }
-    if (o->judge_silence && t - last_rx > o->silence_ms) {
+    if (o->judge_silence && t > last_rx && t - last_rx > o->silence_ms) {
       hb_fail(h, "store %s silent for %llu ms on the heartbeat connection (its limit %u ms): the "
                  "store is stopped or hung, or the network to it is partitioned",
               h->addr_str, (unsigned long long)(t - last_rx), o->silence_ms);
@@ -225,16 +264,12 @@ ncfsm__hb *ncfsm__hb_start(const ncfsm__hb_opts *o, char *err, size_t errlen) {
   h->o.addr = (struct sockaddr *)&h->ss;
   h->stop_pipe[0] = h->stop_pipe[1] = -1;
   pthread_mutex_init(&h->mu, NULL);
-  h->fd = socket(h->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (h->fd < 0 || pipe(h->stop_pipe) != 0) {
+  h->fd = -1; /* the thread makes it */
+  if (pipe(h->stop_pipe) != 0) {
     snprintf(err, errlen, "heartbeat connection: %s", strerror(errno));
     goto fail;
   }
   for (int i = 0; i < 2; i++) fcntl(h->stop_pipe[i], F_SETFD, FD_CLOEXEC);
-  int one = 1;
-  unsigned ut = o->silence_ms;
-  setsockopt(h->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  setsockopt(h->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setstacksize(&at, 256 * 1024);
@@ -266,7 +301,7 @@ void ncfsm__hb_stop(ncfsm__hb *h) {
   ssize_t w = write(h->stop_pipe[1], "x", 1);
   (void)w;
   pthread_join(h->th, NULL);
-  close(h->fd);
+  if (h->fd >= 0) close(h->fd);
   close(h->stop_pipe[0]);
   close(h->stop_pipe[1]);
   pthread_mutex_destroy(&h->mu);

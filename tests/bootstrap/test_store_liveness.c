@@ -278,6 +278,87 @@ static void test_stopped_store_lost(void **state) {
   event_base_free(base);
 }
 
+/* A store played by hand: it answers rank 0's HELLO with heartbeats on, refuses the first
+ * heartbeat connection with "throttled", takes the second and PINGs on it. */
+typedef struct fake_store {
+  int lfd, port, hb_conns;
+  double pinged_s;
+} fake_store;
+
+static int fake_accept_hello(fake_store *fs, char *key, size_t cap) {
+  int fd = accept(fs->lfd, NULL, NULL);
+  uint8_t hdr[NCFSM__FRAME_HDR], v[12];
+  read_full(fd, hdr, sizeof hdr);
+  uint32_t kl = ncfsm__rd32(hdr + 12), vl = ncfsm__rd32(hdr + 16);
+  assert_true(kl < cap && vl <= sizeof v);
+  read_full(fd, key, kl);
+  key[kl] = 0;
+  read_full(fd, v, vl);
+  return vl == 12 && ncfsm__rd32(v + 8) == NCFSM__HELLO_HEARTBEAT ? -fd - 1 : fd; /* < 0: a heartbeat */
+}
+
+static void fake_send(int fd, uint8_t type, const void *v, uint32_t vl) {
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  ncfsm__frame_header(hdr, type, 0, 0, vl);
+  raw_send(fd, hdr, sizeof hdr);
+  if (vl) raw_send(fd, v, vl);
+}
+
+static void *fake_main(void *p) {
+  fake_store *fs = p;
+  char key[600];
+  int main_fd = fake_accept_hello(fs, key, sizeof key);
+  uint8_t ok[12];
+  ncfsm__wr32(ok, HB_MS);
+  ncfsm__wr32(ok + 4, SILENCE_MS);
+  ncfsm__wr32(ok + 8, 1);
+  fake_send(main_fd, NCFSM__F_OK, ok, sizeof ok);
+  int hb = fake_accept_hello(fs, key, sizeof key);
+  const char *thr = "throttled: 10 failed HELLOs from this address; retry in 150 ms (a wrong NCFSM_STORE_TOKEN on this host?)";
+  fake_send(-hb - 1, NCFSM__F_ERR, thr, (uint32_t)strlen(thr));
+  close(-hb - 1);
+  fs->hb_conns = 1;
+  hb = fake_accept_hello(fs, key, sizeof key);
+  fs->hb_conns = 2;
+  fake_send(-hb - 1, NCFSM__F_OK, NULL, 0);
+  double t0 = bt_now();
+  while (bt_now() - t0 < 1.5) { /* PINGs, as a live store */
+    fake_send(-hb - 1, NCFSM__F_PING, NULL, 0);
+    usleep(HB_MS * 1000);
+  }
+  fs->pinged_s = bt_now() - t0;
+  close(-hb - 1);
+  close(main_fd);
+  return NULL;
+}
+
+/* A throttled heartbeat HELLO (failed HELLOs from this address) waits the pause the store
+ * names and connects again; the rank is not failed meanwhile. */
+static void test_heartbeat_throttled(void **state) {
+  (void)state;
+  fake_store fs = {0};
+  fs.lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  assert_int_equal(0, bind(fs.lfd, (struct sockaddr *)&sa, sizeof sa));
+  assert_int_equal(0, listen(fs.lfd, 4));
+  getsockname(fs.lfd, (struct sockaddr *)&sa, &sl);
+  fs.port = ntohs(sa.sin_port);
+  pthread_t th;
+  assert_int_equal(0, pthread_create(&th, NULL, fake_main, &fs));
+  struct event_base *base = bt_base();
+  ncfsm_boot *b = bt_open_tcp(base, fs.port, 0, 1, TOKEN, NULL, 10000);
+  failed_n = 0;
+  ncfsm_boot_on_failed(b, on_failed, NULL);
+  run_for(base, 1.2); /* the refusal, the pause, the second heartbeat connection, PINGs */
+  assert_int_equal(2, fs.hb_conns);
+  assert_int_equal(0, failed_n);
+  pthread_join(th, NULL);
+  ncfsm_boot_close(b);
+  event_base_free(base);
+  close(fs.lfd);
+}
+
 /* The store's heartbeat settings are checked at open. */
 static void test_heartbeat_settings(void **state) {
   (void)state;
@@ -305,6 +386,7 @@ int main(void) {
       BT_TEST(test_request_before_hello_answer),
       BT_TEST(test_size_known_at_start),
       BT_TEST(test_busy_rank_not_lost),
+      BT_TEST(test_heartbeat_throttled),
       BT_TEST(test_heartbeat_settings),
   };
   return cmocka_run_group_tests_name("bootstrap_store_liveness", tests, NULL, NULL);
