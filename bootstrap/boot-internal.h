@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <event2/util.h>
+
 #include "core/log.h"
 #include "ncfsm/bootstrap.h"
 
@@ -90,6 +92,10 @@ struct ncfsm_boot {
   ncfsm_boot_req *agree_req; /* the agreement not yet finished, if any */
   uint64_t agree_last;    /* the last epoch posted */
   uint64_t bseq;          /* broadcasts posted so far (their own sequence) */
+  ncfsm_boot_failed_cb failed_cb; /* ncfsm_boot_on_failed */
+  void *failed_arg;
+  struct event *failed_ev;  /* delivers it from the dispatch */
+  int failed_told;
 };
 
 #define NCFSM__LOST 1u
@@ -141,8 +147,14 @@ void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st);
 /* Rank rank of b is lost (loop thread): recorded once; the callback, if
  * any, is told from the dispatch. */
 void ncfsm__boot_peer_lost(ncfsm_boot *b, int rank, const char *why);
+/* boot_notify.c: the events that deliver the peer-lost and the failed callbacks. */
+void ncfsm__boot_lost_ev_cb(evutil_socket_t fd, short what, void *arg);
+void ncfsm__boot_failed_ev_cb(evutil_socket_t fd, short what, void *arg);
 /* Why rank of b was lost, or NULL. */
 const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank);
+/* Mark the channel failed (sticky: the first status stays) and tell ncfsm_boot_on_failed's
+ * callback from the dispatch. */
+void ncfsm__boot_set_failed(ncfsm_boot *b, ncfsm_result_t st);
 /* Mark the channel failed (sticky) with st and the message, and return st. */
 ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -75,7 +75,7 @@ ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fm
   va_start(ap, fmt);
   ncfsm__boot_vseterr(b, fmt, ap);
   va_end(ap);
-  if (b->failed == NCFSM_OK) b->failed = st;
+  ncfsm__boot_set_failed(b, st);
   return st;
 }
 
@@ -85,52 +85,6 @@ static ncfsm_boot_kind_t pick_kind(const ncfsm_boot_opts *o) {
   if (pr && *pr) return NCFSM_BOOT_PMIX;
   if (o->store_addr && *o->store_addr) return NCFSM_BOOT_TCP;
   return NCFSM_BOOT_LOCAL;
-}
-
-/* ---- peer loss ------------------------------------------------------------ */
-
-/* Tell the callback every lost rank it has not been told (loop thread). */
-static void lost_ev_cb(evutil_socket_t fd, short what, void *arg) {
-  ncfsm_boot *b = arg;
-  (void)fd;
-  (void)what;
-  if (!b->lost) return;
-  b->in_lost_cb++;
-  for (int r = 0; r < b->size && b->lost_cb; r++) {
-    if (!(b->lost[r] & NCFSM__LOST) || (b->lost[r] & NCFSM__LOST_TOLD)) continue;
-    b->lost[r] |= NCFSM__LOST_TOLD;
-    b->lost_cb(b, r, b->lost_why[r] ? b->lost_why[r] : "lost", b->lost_arg);
-  }
-  b->in_lost_cb--;
-}
-
-void ncfsm__boot_peer_lost(ncfsm_boot *b, int rank, const char *why) {
-  if (rank < 0 || rank >= b->size || rank == b->rank) return;
-  if (!b->lost) {
-    b->lost = calloc((size_t)b->size, 1);
-    b->lost_why = calloc((size_t)b->size, sizeof *b->lost_why);
-    if (!b->lost || !b->lost_why) {
-      free(b->lost);
-      free(b->lost_why);
-      b->lost = NULL;
-      b->lost_why = NULL;
-      NCFSM_WARN(NCFSM__SUB_BOOT, "bootstrap %s rank %d: out of memory recording that rank %d was "
-                                  "lost (%s)",
-                 b->ops->name, b->rank, rank, why);
-      return;
-    }
-  }
-  if (b->lost[rank] & NCFSM__LOST) return;
-  b->lost[rank] = NCFSM__LOST;
-  b->lost_why[rank] = strdup(why ? why : "lost");
-  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s rank %d of %d: rank %d lost: %s", b->ops->name, b->rank,
-             b->size, rank, why ? why : "");
-  if (b->lost_cb) event_active(b->lost_ev, 0, 0);
-}
-
-const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank) {
-  if (!b->lost || rank < 0 || rank >= b->size || !(b->lost[rank] & NCFSM__LOST)) return NULL;
-  return b->lost_why[rank] ? b->lost_why[rank] : "lost";
 }
 
 ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *opts,
@@ -178,9 +132,12 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   b->local_rank = opts->rank;
   b->local_size = opts->size;
   b->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 60000;
-  b->lost_ev = event_new(base, -1, 0, lost_ev_cb, b);
-  if (!b->lost_ev) {
+  b->lost_ev = event_new(base, -1, 0, ncfsm__boot_lost_ev_cb, b);
+  b->failed_ev = event_new(base, -1, 0, ncfsm__boot_failed_ev_cb, b);
+  if (!b->lost_ev || !b->failed_ev) {
     snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
+    if (b->lost_ev) event_free(b->lost_ev);
+    if (b->failed_ev) event_free(b->failed_ev);
     free(b);
     return NCFSM_ERR_NO_MEMORY;
   }
@@ -188,6 +145,7 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   if (r != NCFSM_OK) {
     snprintf(open_err, sizeof open_err, "%s", b->err[0] ? b->err : ncfsm_strerror(r));
     event_free(b->lost_ev);
+    event_free(b->failed_ev);
     b->magic = NCFSM__BOOT_DEAD_MAGIC;
     free(b);
     return r;
@@ -221,6 +179,7 @@ ncfsm_result_t ncfsm_boot_close(ncfsm_boot *b) {
   b->ops->close(b);
   if (b->parent) b->parent->children--;
   event_free(b->lost_ev);
+  event_free(b->failed_ev);
   if (b->lost)
     for (int r = 0; r < b->size; r++) free(b->lost_why[r]);
   free(b->lost);
@@ -606,8 +565,11 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
   c->local_size = b->local_size;
   c->timeout_ms = b->timeout_ms;
   c->parent = b;
-  c->lost_ev = event_new(b->base, -1, 0, lost_ev_cb, c);
-  if (!c->lost_ev) {
+  c->lost_ev = event_new(b->base, -1, 0, ncfsm__boot_lost_ev_cb, c);
+  c->failed_ev = event_new(b->base, -1, 0, ncfsm__boot_failed_ev_cb, c);
+  if (!c->lost_ev || !c->failed_ev) {
+    if (c->lost_ev) event_free(c->lost_ev);
+    if (c->failed_ev) event_free(c->failed_ev);
     free(c);
     return NCFSM_ERR_NO_MEMORY;
   }
@@ -615,6 +577,7 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
   if (r != NCFSM_OK) {
     ncfsm__boot_seterr(b, "%s", c->err);
     event_free(c->lost_ev);
+    event_free(c->failed_ev);
     if (c->lost)
       for (int i = 0; i < c->size; i++) free(c->lost_why[i]);
     free(c->lost);

@@ -14,6 +14,7 @@ const char *ncfsm__frame_type_name(uint8_t type) {
   case NCFSM__F_AGREE: return "AGREE";
   case NCFSM__F_LOST: return "LOST";
   case NCFSM__F_BCAST: return "BCAST";
+  case NCFSM__F_PING: return "PING";
   case NCFSM__F_OK: return "OK";
   case NCFSM__F_ERR: return "ERR";
   }
@@ -36,7 +37,9 @@ static const char *check_shape(const ncfsm__frame *f) {
   switch (f->type) {
   case NCFSM__F_HELLO:
     if (f->klen == 0) return "HELLO without a token";
-    if (f->vlen != 8) return "HELLO value is not u32 rank + u32 size";
+    if (f->vlen != 8 && f->vlen != 12) return "HELLO value is not u32 rank + u32 size [+ u32 flags]";
+    if (f->vlen == 12 && (ncfsm__rd32(f->value + 8) & ~NCFSM__HELLO_HEARTBEAT))
+      return "HELLO with unknown flags";
     return NULL;
   case NCFSM__F_SET:
   case NCFSM__F_GET:
@@ -72,6 +75,9 @@ static const char *check_shape(const ncfsm__frame *f) {
       return "BCAST value length does not match (root: 16 + len bytes, others: 16)";
     return NULL;
   }
+  case NCFSM__F_PING:
+    if (f->klen || f->vlen) return "PING with a key or a value";
+    return NULL;
   case NCFSM__F_OK:
   case NCFSM__F_ERR: return NULL;
   }
@@ -93,7 +99,7 @@ ncfsm__parse_t ncfsm__frame_parse(const uint8_t *buf, size_t n, const ncfsm__fra
   }
   if (n > 5) {
     uint8_t t = buf[5];
-    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_BCAST) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
+    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_PING) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
       *why = "unknown frame type";
       return NCFSM__PARSE_ERR;
     }

@@ -26,6 +26,12 @@
  * group; value = u32 rank, u32 size, u32 root, u32 len, then on root the len
  * bytes): root is answered with an empty OK once the store holds the bytes,
  * every other rank with OK + the bytes (parked until root's arrived).
+ * Heartbeats (docs/bootstrap.md, "Heartbeats"): a ranked HELLO's OK carries
+ * u32 heartbeat_ms, u32 silence_ms, u32 flags (1: the store's own silence is
+ * a loss) when the store watches its ranks; the rank then opens a second
+ * connection whose HELLO has a third u32, NCFSM__HELLO_HEARTBEAT, and on which
+ * both sides send PING (no key, no value) every heartbeat_ms; a side that hears
+ * nothing for silence_ms takes the other for lost.
  *
  * The parser is a pure function so it can be fuzzed (tests/bootstrap/fuzz_frame.c).
  */
@@ -40,6 +46,9 @@
 #define NCFSM__FRAME_HDR 20
 #define NCFSM__FRAME_KEY_MAX 512u
 #define NCFSM__FRAME_VALUE_MAX (1u << 20)
+/* HELLO's optional third u32: flags. HEARTBEAT: this connection is rank's heartbeat connection
+ * (only PINGs follow), not its requests'. */
+#define NCFSM__HELLO_HEARTBEAT 1u
 
 typedef enum ncfsm__frame_type {
   NCFSM__F_HELLO = 1,
@@ -51,6 +60,7 @@ typedef enum ncfsm__frame_type {
   NCFSM__F_AGREE = 7,
   NCFSM__F_LOST = 8,
   NCFSM__F_BCAST = 9,
+  NCFSM__F_PING = 10,
   NCFSM__F_OK = 0x40,
   NCFSM__F_ERR = 0x41,
 } ncfsm__frame_type_t;

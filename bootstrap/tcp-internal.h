@@ -40,6 +40,16 @@ typedef struct ncfsm__store_opts {
   uint32_t auth_fail_per_s;  /* then this many per second (refused: "throttled"); 2 */
   int rank_secrets;          /* a ranked HELLO must carry its rank's secret
                                 (ncfsm_boot_rank_secret), not the job token */
+  uint32_t world_size;       /* the job's size, fixed at open (0: rank 0's HELLO gives it; the
+                                other ranks' HELLOs wait for it) */
+  uint64_t heartbeat_ms;     /* PINGs to and from each rank's heartbeat connection this often;
+                                1000 */
+  uint64_t silence_ms;       /* a heartbeat connection silent this long: its rank is lost (and a
+                                rank hears the same of the store); 4000; at least 2 x heartbeat */
+  int heartbeat_off;         /* no heartbeats (ranks do not open heartbeat connections) */
+  int hosted;                /* a rank's loop runs this store: its own silence is not a loss for
+                                the ranks (it PINGs only while that loop runs) */
+  const char *world_from;    /* who set world_size, for the refusals ("the store's --world-size") */
 } ncfsm__store_opts;
 
 typedef struct ncfsm__store_stats {
@@ -63,6 +73,9 @@ typedef struct ncfsm__store_stats {
   uint64_t inflight, peak_inflight; /* held under max_inflight */
   uint64_t out_queued, peak_out;    /* queued replies (referenced bytes included) */
   uint64_t bcasts_done;      /* BCASTs served to every member (failed ones: gathers_failed) */
+  uint64_t hellos_held;
+  uint64_t hb_conns;         /* heartbeat connections accepted (not in accepted) */
+  uint64_t closed_silent;    /* ranks lost for a silent heartbeat connection */      /* HELLOs that waited for rank 0's (the job's size) */
 } ncfsm__store_stats;
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o);

@@ -32,6 +32,7 @@
 #include "bootstrap/boot-internal.h"
 #include "bootstrap/frame.h"
 #include "bootstrap/secret.h"
+#include "bootstrap/tcp-heartbeat.h"
 #include "bootstrap/tcp-internal.h"
 
 #define SUB NCFSM__SUB_BOOT
@@ -73,6 +74,8 @@ typedef struct tcp_impl {
   uint32_t next_id;
   TAILQ_HEAD(, tcp_op) ops;
   ncfsm__frame_limits lim;
+  ncfsm__hb *hb;           /* the heartbeat connection (tcp_heartbeat.c), once the HELLO was answered */
+  struct event *hb_ev;     /* activated by the heartbeat thread when it failed */
 } tcp_impl;
 
 static void tcp_connect(tcp_impl *t);
@@ -84,12 +87,14 @@ static void fail_all(tcp_impl *t, const char *fmt, ...) {
   va_start(ap, fmt);
   ncfsm__boot_vseterr(b, fmt, ap);
   va_end(ap);
-  if (b->failed == NCFSM_OK) b->failed = NCFSM_ERR_BOOTSTRAP;
   t->dead = 1;
+  ncfsm__hb_stop(t->hb);
+  t->hb = NULL;
+  ncfsm__boot_set_failed(b, NCFSM_ERR_BOOTSTRAP);
   tcp_view *v;
   LIST_FOREACH(v, &t->views, link) {
     snprintf(v->b->err, sizeof v->b->err, "%s", b->err);
-    if (v->b->failed == NCFSM_OK) v->b->failed = NCFSM_ERR_BOOTSTRAP;
+    ncfsm__boot_set_failed(v->b, NCFSM_ERR_BOOTSTRAP);
   }
   if (t->bev) {
     bufferevent_free(t->bev);
@@ -134,6 +139,38 @@ static void retry_throttled(tcp_impl *t, const ncfsm__frame *f) {
   struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
   evtimer_add(t->retry_ev, &tv);
   if (t->retry_ms < 500) t->retry_ms *= 2;
+}
+
+/* The heartbeat thread found the connection to the store lost (loop thread). */
+static void hb_failed_cb(evutil_socket_t fd, short what, void *arg) {
+  tcp_impl *t = arg;
+  (void)fd;
+  (void)what;
+  if (t->dead || !t->hb) return;
+  char why[400];
+  ncfsm__hb_error(t->hb, why, sizeof why);
+  fail_all(t, "%s", why[0] ? why : "heartbeat connection lost");
+}
+
+/* The store answered the HELLO with its heartbeat (u32 heartbeat_ms, u32 silence_ms, u32
+ * flags): open the heartbeat connection, unless NCFSM_STORE_HEARTBEAT=0. */
+static void hb_start(tcp_impl *t, const ncfsm__frame *f) {
+  if (f->vlen != 12 || t->hb || ncfsm__env_ll("NCFSM_STORE_HEARTBEAT", 1) == 0) return;
+  uint32_t hb_ms = ncfsm__rd32(f->value), silence_ms = ncfsm__rd32(f->value + 4);
+  if (!hb_ms || !silence_ms) return;
+  if (!ncfsm__hb_can_wake()) {
+    NCFSM_WARN(SUB, "tcp bootstrap rank %d: no heartbeats (call evthread_use_pthreads() before "
+                    "making the event_base): the store cannot tell this rank hung from busy",
+               t->b->rank);
+    return;
+  }
+  ncfsm__hb_opts o = {.addr = (struct sockaddr *)&t->ss, .addrlen = t->salen, .addr_str = t->addr,
+                      .token = t->token, .rank = (uint32_t)t->b->rank, .size = (uint32_t)t->b->size,
+                      .heartbeat_ms = hb_ms, .silence_ms = silence_ms,
+                      .judge_silence = (ncfsm__rd32(f->value + 8) & 1) != 0, .wake = t->hb_ev};
+  char err[200];
+  if (!(t->hb = ncfsm__hb_start(&o, err, sizeof err)))
+    fail_all(t, "store %s: rank %d cannot start its heartbeat: %s", t->addr, t->b->rank, err);
 }
 
 /* The store says a job rank was lost: tell the job's view and the
@@ -186,6 +223,7 @@ static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
         t->hello_ok = 1;
         t->retry_ms = 10;
         evbuffer_add_buffer(bufferevent_get_output(t->bev), t->queued);
+        hb_start(t, f);
       }
       return;
     }
@@ -385,13 +423,17 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   t->token = strdup(has_secret ? o->rank_secret : o->token);
   t->queued = evbuffer_new();
   t->retry_ev = evtimer_new(b->base, retry_cb, t);
-  if (!t->token || !t->queued || !t->retry_ev) goto nomem;
+  t->hb_ev = event_new(b->base, -1, 0, hb_failed_cb, t);
+  if (!t->token || !t->queued || !t->retry_ev || !t->hb_ev) goto nomem;
   if (o->host_store && o->rank == 0) {
     ncfsm__store_opts so;
     ncfsm__store_opts_init(&so);
     ncfsm__store_opts_env(&so); /* the NCFSM_STORE_* limits */
     so.listen = t->addr;
     so.token = o->token;
+    so.world_size = (uint32_t)o->size; /* rank 0 knows the job's size: no HELLO can claim another */
+    so.world_from = "rank 0, which hosts the store (its NCFSM_WORLD_SIZE)";
+    so.hosted = 1;
     if (o->store_value_max) so.value_max = (uint32_t)o->store_value_max;
     if (so.rank_secrets && !has_secret) { /* rank 0 has the token: its own secret from it */
       char sec[65];
@@ -421,6 +463,7 @@ nomem:
   ncfsm__boot_seterr(b, "tcp bootstrap: out of memory");
 fail:
   if (t->retry_ev) event_free(t->retry_ev);
+  if (t->hb_ev) event_free(t->hb_ev);
   if (t->queued) evbuffer_free(t->queued);
   free(t->token);
   free(t);
@@ -444,8 +487,10 @@ static void tcp_close(ncfsm_boot *b) {
     TAILQ_REMOVE(&t->ops, op, link);
     free(op);
   }
+  ncfsm__hb_stop(t->hb);
   if (t->bev) bufferevent_free(t->bev);
   event_free(t->retry_ev);
+  event_free(t->hb_ev);
   evbuffer_free(t->queued);
   if (t->hosted) ncfsm__store_close(t->hosted);
   free(t->token);
@@ -622,7 +667,7 @@ static ncfsm_result_t tcp_survivors(ncfsm_boot *parent, ncfsm_boot_req *agreed, 
   child->impl = v;
   if (t->dead) {
     snprintf(child->err, sizeof child->err, "%s", t->b->err);
-    child->failed = NCFSM_ERR_BOOTSTRAP;
+    ncfsm__boot_set_failed(child, NCFSM_ERR_BOOTSTRAP);
   }
   for (int i = 0; i < child->size; i++) { /* members lost since the agreement */
     const char *why = ncfsm__boot_lost_why(t->b, (int)ranks[i]);

@@ -3,8 +3,9 @@
 # when not root, and does nothing when everything is present already.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev libssl-dev
-      libxxhash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
-      libclang-rt-dev prometheus curl)
+      libxxhash-dev uthash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
+      libclang-rt-dev prometheus curl
+      iproute2 iptables munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins)  # the netns and slurm tests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -47,6 +47,12 @@ static void usage(FILE *f) {
              "  --max-parked N         parked requests per connection (1024)\n"
              "  --auth-fail-burst N    failed HELLOs per address before throttling (10)\n"
              "  --auth-fail-per-s N    then this many per second (2)\n"
+             "  --world-size N         the job's size, fixed at start (default: rank 0's HELLO\n"
+             "                         gives it; the other ranks' HELLOs wait for rank 0's)\n"
+             "  --heartbeat-ms MS      PINGs on each rank's heartbeat connection this often (1000)\n"
+             "  --silence-ms MS        a rank (or, for the ranks, the store) silent this long is\n"
+             "                         lost (4000; at least twice the heartbeat)\n"
+             "  --no-heartbeat         no heartbeat connections (NCFSM_STORE_HEARTBEAT=0)\n"
              "  --rejoin               a rank whose connection ended may connect again\n"
              "  --rank-secrets         a rank's HELLO must carry its secret, not the token\n"
              "  --print-rank-secret R/N  print rank R of N's secret (from the token) and exit\n");
@@ -83,6 +89,8 @@ static const num_flag num_flags[] = {
     {"--max-out", 1, UINT64_MAX},
     {"--max-conns", 0, 1u << 30},          {"--max-parked", 0, UINT32_MAX},
     {"--auth-fail-burst", 0, UINT32_MAX},  {"--auth-fail-per-s", 0, UINT32_MAX},
+    {"--world-size", 0, 1u << 22},         {"--heartbeat-ms", 0, 3600000ull},
+    {"--silence-ms", 0, 86400000ull},
 };
 
 static void set_num(ncfsm__store_opts *o, const char *name, unsigned long long x) {
@@ -97,6 +105,9 @@ static void set_num(ncfsm__store_opts *o, const char *name, unsigned long long x
   else if (!strcmp(name, "--max-parked")) o->max_parked = (uint32_t)x;
   else if (!strcmp(name, "--auth-fail-burst")) o->auth_fail_burst = (uint32_t)x;
   else if (!strcmp(name, "--auth-fail-per-s")) o->auth_fail_per_s = (uint32_t)x;
+  else if (!strcmp(name, "--world-size")) o->world_size = (uint32_t)x;
+  else if (!strcmp(name, "--heartbeat-ms")) o->heartbeat_ms = x;
+  else if (!strcmp(name, "--silence-ms")) o->silence_ms = x;
 }
 
 static const num_flag *find_num_flag(const char *a) {
@@ -144,6 +155,8 @@ int main(int argc, char **argv) {
     } else if (nf) {
       if (parse_num(a, argv[++i], nf->max, nf->bytes ? " of bytes" : "", &x)) return 2;
       set_num(&o, a, x);
+    } else if (!strcmp(a, "--no-heartbeat")) {
+      o.heartbeat_off = 1;
     } else if (!strcmp(a, "--rejoin")) {
       o.rejoin = 1;
     } else if (!strcmp(a, "--rank-secrets")) {
@@ -209,7 +222,8 @@ int main(int argc, char **argv) {
           "replies, %llu over the input budget, %llu over max parked, %llu ranks gone, %llu rank "
           "conflicts, %llu rejoins refused, %llu allgathers/broadcasts failed, %llu broadcasts done, "
           "%llu agreements done, %llu "
-          "agreements failed, %llu LOST frames sent, %d survivors' groups; peak %llu bytes held, "
+          "agreements failed, %llu LOST frames sent, %d survivors' groups, %llu HELLOs waited for "
+          "rank 0's, %llu heartbeat connections, %llu ranks lost silent; peak %llu bytes held, "
           "%llu inflight, %llu queued out\n",
           (unsigned long long)st.accepted, (unsigned long long)st.authenticated,
           (unsigned long long)st.rejected_token, (unsigned long long)st.closed_bad_frame,
@@ -221,6 +235,8 @@ int main(int argc, char **argv) {
           (unsigned long long)st.gathers_failed, (unsigned long long)st.bcasts_done,
           (unsigned long long)st.agreements_done,
           (unsigned long long)st.agreements_failed, (unsigned long long)st.lost_pushed, st.groups,
+          (unsigned long long)st.hellos_held, (unsigned long long)st.hb_conns,
+          (unsigned long long)st.closed_silent,
           (unsigned long long)st.peak_bytes,
           (unsigned long long)st.peak_inflight, (unsigned long long)st.peak_out);
   ncfsm__store_close(s);

@@ -122,6 +122,17 @@ ncfsm_result_t ncfsm_boot_allgather(ncfsm_boot *b, const void *send, void *recv,
 typedef void (*ncfsm_boot_lost_cb)(ncfsm_boot *b, int rank, const char *why, void *arg);
 ncfsm_result_t ncfsm_boot_on_peer_lost(ncfsm_boot *b, ncfsm_boot_lost_cb cb, void *arg);
 
+/* The bootstrap failed for good (every later post returns st): cb runs once, on the base's
+ * thread from its dispatch, with st and the message of ncfsm_boot_last_error. tcp: the store
+ * closed the connection or refused this rank, its heartbeat connection was lost (the store
+ * silent or unreachable past its silence limit: docs/bootstrap.md, "Heartbeats"); any
+ * bootstrap: a request timed out, or was freed unfinished. A failure before the call is
+ * reported right after it; a second call replaces cb (and is told again); cb NULL removes it.
+ * Closing the bootstrap from inside cb returns NCFSM_ERR_BUSY. All bootstraps (pmix, local
+ * included); NCFSM_ERR_INVALID_ARGUMENT for a bad handle. */
+typedef void (*ncfsm_boot_failed_cb)(ncfsm_boot *b, ncfsm_result_t st, const char *why, void *arg);
+ncfsm_result_t ncfsm_boot_on_failed(ncfsm_boot *b, ncfsm_boot_failed_cb cb, void *arg);
+
 /* Survivor agreement: every live rank posts the same epoch (> 0, increasing on this
  * bootstrap); the request completes when every rank the store (local: the group) still counts
  * as alive has posted that epoch; its result is the set of ranks that posted (and are still

@@ -49,6 +49,27 @@ static inline double bt_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A tcp bootstrap of rank of size against the store on 127.0.0.1:port (token or secret may
+ * be NULL); the test fails when it does not open. */
+static inline ncfsm_boot *bt_open_tcp(struct event_base *base, int port, int rank, int size,
+                                      const char *token, const char *secret, uint64_t timeout_ms) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  ncfsm_boot_opts o;
+  ncfsm_boot_opts_init(&o);
+  o.kind = NCFSM_BOOT_TCP;
+  o.store_addr = addr;
+  o.token = token;
+  o.rank_secret = secret;
+  o.rank = rank;
+  o.size = size;
+  o.host_store = 0;
+  o.timeout_ms = timeout_ms;
+  ncfsm_boot *b = NULL;
+  assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &b));
+  return b;
+}
+
 /* Run base until every request in reqs[0..n) is finished. */
 static inline void bt_wait_all(struct event_base *base, ncfsm_boot_req **reqs, int n) {
   for (;;) {

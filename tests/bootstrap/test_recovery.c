@@ -581,19 +581,7 @@ static void count_cb(ncfsm_boot *b, int rank, const char *why, void *arg) {
 }
 
 static ncfsm_boot *open_rank(struct event_base *base, int port, int rank, int size) {
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-  ncfsm_boot_opts o;
-  ncfsm_boot_opts_init(&o);
-  o.kind = NCFSM_BOOT_TCP;
-  o.store_addr = addr;
-  o.token = TOKEN;
-  o.rank = rank;
-  o.size = size;
-  o.timeout_ms = 5000;
-  ncfsm_boot *b = NULL;
-  assert_int_equal(NCFSM_OK, ncfsm_boot_open(base, &o, &b));
-  return b;
+  return bt_open_tcp(base, port, rank, size, TOKEN, NULL, 5000);
 }
 
 static void test_one_process_rules(void **state) {
