@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "bootstrap/boot-internal.h"
+#include "core/backend.h"
 #include "bootstrap/secret.h"
 
 static _Thread_local char open_err[NCFSM__BOOT_ERRLEN];
@@ -59,6 +60,7 @@ ncfsm_result_t ncfsm_boot_rank_secret(const char *token, int rank, int size, cha
 
 void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap) {
   vsnprintf(b->err, sizeof b->err, fmt, ap);
+  ncfsm__last_error_set(b->err);
   NCFSM_WARN(NCFSM__SUB_BOOT, "bootstrap %s rank %d: %s", b->ops ? b->ops->name : "?", b->rank,
              b->err);
 }
@@ -94,6 +96,7 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   if (out) *out = NULL;
   if (!base || !out) {
     snprintf(open_err, sizeof open_err, "ncfsm_boot_open: base and out must not be NULL");
+    ncfsm__last_error_set(open_err);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   ncfsm_boot_opts dflt;
@@ -118,6 +121,7 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
              "bootstrap %s is not built in (PMIx was not found at configure time): set "
              "NCFSM_BOOTSTRAP=tcp with NCFSM_STORE_ADDR, or rebuild with libpmix-dev",
              ncfsm_boot_kind_name(kind));
+    ncfsm__last_error_set(open_err);
     NCFSM_WARN(NCFSM__SUB_BOOT, "%s", open_err);
     return NCFSM_ERR_UNSUPPORTED;
   }
@@ -136,6 +140,7 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   b->failed_ev = event_new(base, -1, 0, ncfsm__boot_failed_ev_cb, b);
   if (!b->lost_ev || !b->failed_ev) {
     snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
+    ncfsm__last_error_set(open_err);
     if (b->lost_ev) event_free(b->lost_ev);
     if (b->failed_ev) event_free(b->failed_ev);
     free(b);
@@ -144,6 +149,7 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
   ncfsm_result_t r = ops->open(b, opts);
   if (r != NCFSM_OK) {
     snprintf(open_err, sizeof open_err, "%s", b->err[0] ? b->err : ncfsm_strerror(r));
+    ncfsm__last_error_set(open_err);
     event_free(b->lost_ev);
     event_free(b->failed_ev);
     b->magic = NCFSM__BOOT_DEAD_MAGIC;

@@ -35,6 +35,9 @@ enum {
 
 /* "ncclInvalidArgument"; "ncclResult(N)" for codes this build does not know. */
 const char *ncfsm__nccl_result_name(int code);
+/* The calling thread's ncfsm_last_error (every error setter of every object
+ * writes it: fsm/errors.c, core/settings_opts.c, bootstrap/boot.c). */
+void ncfsm__last_error_set(const char *msg);
 
 /* One operation as the backend sees it (counts as in the NCCL call). */
 typedef struct ncfsm__op {

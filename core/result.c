@@ -27,6 +27,12 @@ const char *ncfsm_strerror(ncfsm_result_t r) {
   }
 }
 
+static _Thread_local char tls_last[1024];
+
+const char *ncfsm_last_error(void) { return tls_last; }
+
+void ncfsm__last_error_set(const char *msg) { snprintf(tls_last, sizeof tls_last, "%s", msg ? msg : ""); }
+
 const char *ncfsm__nccl_result_name(int code) {
   static const char *names[] = {"ncclSuccess",        "ncclUnhandledCudaError", "ncclSystemError",
                                 "ncclInternalError",  "ncclInvalidArgument",    "ncclInvalidUsage",

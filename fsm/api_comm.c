@@ -162,8 +162,15 @@ const char *ncfsm_comm_failure(const ncfsm_comm *c) {
   return comm_ok(c) ? ncfsm__copy_msg(c, c->failure) : "invalid communicator handle";
 }
 int ncfsm_comm_backend_error(const ncfsm_comm *c) { LOCKED_GET(int, c->async_code, -1); }
-uint64_t ncfsm_comm_seq(const ncfsm_comm *c) { LOCKED_GET(uint64_t, c->coll_seq, 0); }
-uint64_t ncfsm_comm_hash(const ncfsm_comm *c) { LOCKED_GET(uint64_t, c->hash, 0); }
+ncfsm_result_t ncfsm_comm_position(const ncfsm_comm *c, uint64_t *next_seq, uint64_t *hash) {
+  if (!comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_loop *loop = c->loop;
+  LOCK(loop);
+  if (next_seq) *next_seq = c->coll_seq;
+  if (hash) *hash = c->hash;
+  UNLOCK(loop);
+  return NCFSM_OK;
+}
 
 /* ---- finalize, destroy, abort, revoke, release ------------------------------------------- */
 

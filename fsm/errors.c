@@ -12,6 +12,7 @@ void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) {
   if (n < 0 || (size_t)n >= sizeof c->last_error) n = 0;
   vsnprintf(c->last_error + n, sizeof c->last_error - (size_t)n, fmt, ap);
   va_end(ap);
+  ncfsm__last_error_set(c->last_error);
   NCFSM_INFO(NCFSM__SUB_FSM, "%s", c->last_error);
 }
 
@@ -26,6 +27,7 @@ void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) {
   vsnprintf(tls_err, sizeof tls_err, fmt, ap);
   va_end(ap);
   tls_err_loop = loop->id;
+  ncfsm__last_error_set(tls_err);
   NCFSM_INFO(NCFSM__SUB_FSM, "%s", tls_err);
 }
 

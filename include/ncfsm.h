@@ -347,9 +347,10 @@ int ncfsm_comm_backend_error(const ncfsm_comm *comm);
  * when they are handed to NCCL, in launch order: refused or failed-before-
  * launch works take none), and the rolling hash of the fingerprints of all
  * collectives launched so far (R11): equal on every rank of a correct
- * program. Send/recv count per (peer, direction) and are not hashed. */
-uint64_t ncfsm_comm_seq(const ncfsm_comm *comm);
-uint64_t ncfsm_comm_hash(const ncfsm_comm *comm);
+ * program. Send/recv count per (peer, direction) and are not hashed. Both
+ * read under one lock (one moment of the comm); either pointer may be
+ * NULL. NCFSM_ERR_INVALID_ARGUMENT for an invalid handle (nothing written). */
+ncfsm_result_t ncfsm_comm_position(const ncfsm_comm *comm, uint64_t *next_seq, uint64_t *hash);
 /* Blocking: run the loop until the comm is in state s (OK), in a state from
  * which s cannot be reached (ERR_ILLEGAL_STATE; the last error names the
  * state, the cause of a failure and the calls that could move it on), or

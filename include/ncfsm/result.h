@@ -38,8 +38,18 @@ typedef enum ncfsm_result {
 
 /* "NCFSM_ERR_ILLEGAL_STATE"; "NCFSM_UNKNOWN" for values outside the map. */
 const char *ncfsm_err_name(ncfsm_result_t r);
-/* One-line description; never NULL. */
+/* One-line description of the code; never NULL. */
 const char *ncfsm_strerror(ncfsm_result_t r);
+/* Why the last ncfsm call of the calling thread that failed failed: the
+ * state, the call and what to do (for a refused call), the variable and
+ * the accepted values (for a setting), the peer (for a bootstrap). One
+ * place for every object, kept per thread like errno: read it right after
+ * the call that failed; other ncfsm work of this thread (a loop turn, a
+ * later call) may replace it. "" when this thread saw no failure. The
+ * objects keep their own records too: ncfsm_comm_last_error (the comm's
+ * last refused call, readable from any thread), ncfsm_comm_failure (why it
+ * failed), ncfsm_boot_last_error. */
+const char *ncfsm_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -52,7 +52,7 @@ ncfsm_result_t ncfsm_work_set_timeout(ncfsm_work *w, uint64_t timeout_ms);
 const char *ncfsm_comm_failure(const ncfsm_comm *comm);
 /* Since NCFSM_SEQ_NONE a work takes its fingerprint seq when it is launched
  * (collectives in launch order, send/recv per peer and direction), and
- * ncfsm_comm_seq/hash count launched collectives; before, seq was taken at
+ * ncfsm_comm_position counts launched collectives; before, seq was taken at
  * the call and the hash covered every accepted collective. */
 #ifdef NCFSM_SEQ_NONE
 #define FZ_SEQ_AT_LAUNCH 1

@@ -1507,7 +1507,8 @@ static void act_getters(void) {
     fz_comm *c = q->c[r];
     if (!c->h) continue;
     int rank = ncfsm_comm_rank(c->h), size = ncfsm_comm_size(c->h), dev = ncfsm_comm_device(c->h);
-    uint64_t seq = ncfsm_comm_seq(c->h);
+    uint64_t seq = 0;
+    if (ncfsm_comm_position(c->h, &seq, NULL) != NCFSM_OK) fz_violation("q%d/r%d: ncfsm_comm_position refused a live handle", q->id, r);
     const char *le = ncfsm_comm_last_error(c->h);
     (void)ncfsm_comm_backend_error(c->h);
     g.n_calls += 6;
@@ -1526,7 +1527,7 @@ static void act_getters(void) {
     }
     uint64_t want = FZ_SEQ_AT_LAUNCH ? c->coll_launched : c->coll_accepted;
     if (quiet(l) && seq != want)
-      fz_violation("q%d/r%d: ncfsm_comm_seq is %llu but %llu collectives were %s", q->id, r,
+      fz_violation("q%d/r%d: ncfsm_comm_position's seq is %llu but %llu collectives were %s", q->id, r,
                    (unsigned long long)seq, (unsigned long long)want, FZ_SEQ_AT_LAUNCH ? "launched" : "accepted");
     ncfsm_sim_stats st;
     ncfsm_result_t rc = ncfsm_sim_get_stats(c->h, &st);
@@ -1541,9 +1542,11 @@ static void act_getters(void) {
       fz_comm *x = q->c[a], *y = q->c[b];
       /* only while no other thread drives the loop: the two reads must see one moment */
       if (!quiet(l) || !x->h || !y->h || !x->inited || !y->inited || x->fp_hash != y->fp_hash) continue;
-      uint64_t hx = ncfsm_comm_hash(x->h), hy = ncfsm_comm_hash(y->h);
+      uint64_t hx = 0, hy = 0;
+      ncfsm_comm_position(x->h, NULL, &hx);
+      ncfsm_comm_position(y->h, NULL, &hy);
       if (hx != hy)
-        fz_violation("q%d: ranks %d and %d %s the same collective sequence but ncfsm_comm_hash differs "
+        fz_violation("q%d: ranks %d and %d %s the same collective sequence but ncfsm_comm_position's hash differs "
                      "(%016llx, %016llx)", q->id, a, b, FZ_SEQ_AT_LAUNCH ? "launched" : "accepted",
                      (unsigned long long)hx, (unsigned long long)hy);
     }

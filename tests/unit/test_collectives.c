@@ -224,7 +224,16 @@ static void test_send_recv_ring(void **state) {
     for (int i = 0; i < COUNT; i++) assert_int_equal(recv[r][i], ((r + N - 1) % N) * 100 + i);
   /* Fingerprints agree across ranks for the same sequence of collectives. */
   /* The rolling hash covers collectives only (R11); P2P fingerprints are pairwise. */
-  for (int r = 1; r < N; r++) assert_true(ncfsm_comm_hash(w->c[r]) == ncfsm_comm_hash(w->c[0]));
+  uint64_t h0, h;
+  assert_int_equal(ncfsm_comm_position(w->c[0], NULL, &h0), NCFSM_OK);
+  for (int r = 1; r < N; r++) {
+    assert_int_equal(ncfsm_comm_position(w->c[r], NULL, &h), NCFSM_OK);
+    assert_true(h == h0);
+  }
+  /* an invalid handle writes nothing and says so */
+  h = 7;
+  assert_int_equal(ncfsm_comm_position(NULL, &h, &h), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_true(h == 7);
 }
 
 /* Ungrouped ops from one thread across ranks: the loop coalesces what was

@@ -214,10 +214,13 @@ static void run(mode m) {
       n += snprintf(why + n, sizeof why - (size_t)n, "; first failure: rank %d op %d: %s",
                     atomic_load(&first_bad_rank), atomic_load(&first_bad_k),
                     ncfsm_err_name((ncfsm_result_t)fb));
-    for (int r = 0; r < NRANKS && n > 0 && (size_t)n < sizeof why; r++)
+    for (int r = 0; r < NRANKS && n > 0 && (size_t)n < sizeof why; r++) {
+      uint64_t seq = 0;
+      ncfsm_comm_position(comms[r], &seq, NULL);
       n += snprintf(why + n, sizeof why - (size_t)n, "; rank %d: %s, seq %llu, last error: %s", r,
-                    ncfsm_state_name(ncfsm_comm_state(comms[r])), (unsigned long long)ncfsm_comm_seq(comms[r]),
+                    ncfsm_state_name(ncfsm_comm_state(comms[r])), (unsigned long long)seq,
                     ncfsm_comm_last_error(comms[r]));
+    }
   }
 
   for (int r = 0; r < NRANKS; r++) {
