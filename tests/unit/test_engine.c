@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "helpers.h"
+#include "ncfsm/bootstrap.h"
 
 #include <event2/event.h>
 
@@ -613,9 +614,43 @@ static void test_null_handles(void **state) {
   assert_string_equal(ncfsm_state_name((ncfsm_state_t)999), "UNKNOWN_STATE");
 }
 
+/* ncfsm_last_error: one place for every object's refusal, per thread. */
+static void *other_thread_error(void *arg) {
+  *(const char **)arg = ncfsm_last_error();
+  return NULL;
+}
+
+static void test_last_error(void **state) {
+  (void)state;
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = ready_comms(2, c);
+  /* a comm's refused call */
+  assert_int_equal(ncfsm_comm_release(c[0]), NCFSM_ERR_ILLEGAL_STATE);
+  assert_string_equal(ncfsm_last_error(), ncfsm_comm_last_error(c[0]));
+  assert_non_null(strstr(ncfsm_last_error(), "ncfsm_comm_release"));
+  assert_non_null(strstr(ncfsm_last_error(), "READY"));
+  /* a loop's */
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_ERR_INVALID_USAGE);
+  assert_non_null(strstr(ncfsm_last_error(), "R3"));
+  /* a bootstrap's (no handle to ask) */
+  ncfsm_boot_opts bo;
+  ncfsm_boot_opts_init(&bo);
+  ncfsm_boot *b = NULL;
+  assert_int_equal(ncfsm_boot_open(NULL, &bo, &b), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ncfsm_last_error(), "ncfsm_boot_open"));
+  /* another thread has its own */
+  const char *theirs = NULL;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, other_thread_error, &theirs), 0);
+  pthread_join(t, NULL);
+  assert_string_equal(theirs, "");
+  teardown_all(loop, c, 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lifecycle_trace),     cmocka_unit_test(test_nested_groups),
+      cmocka_unit_test(test_last_error),
       cmocka_unit_test(test_group_arg_error),     cmocka_unit_test(test_group_end_without_start),
       cmocka_unit_test(test_group_end_other_thread), cmocka_unit_test(test_async_error_abort),
       cmocka_unit_test(test_watchdog_timeout),    cmocka_unit_test(test_overlap),
