@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/nccl_dl.h"
 #include "core/settings.h"
 #include "fsm/api-int.h"
 
@@ -19,16 +20,35 @@
 
 /* ncfsm_comm_opts_init: core/settings_opts.c (from the settings table). */
 
+/* The backend of kind, or NULL with the message of the refusal (the cause,
+ * and what to do) in msg: the call's error. */
+static const ncfsm__backend *backend_for(const char *call, ncfsm_backend_kind_t kind, char *msg, size_t len) {
+  char why[NCFSM__NCCL_WHY_MAX];
+  const ncfsm__backend *be = ncfsm__backend_get(kind, why, sizeof why);
+  if (!be) /* the backend's cause says what to do where it knows; else: */
+    snprintf(msg, len, "%s: the %s backend is unavailable: %s%s", call, ncfsm_backend_name(kind), why,
+             strstr(why, "NCFSM_BACKEND=sim") ? ""
+                                              : "; use the sim (opts.backend NCFSM_BACKEND_SIM, NCFSM_BACKEND=sim: no GPU "
+                                                "needed) or auto (nccl when a GPU is usable, else the sim)");
+  return be;
+}
+
 ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id *id) {
   if (!id) return NCFSM_ERR_INVALID_ARGUMENT;
-  char why[256];
-  const ncfsm__backend *be = ncfsm__backend_get(backend, why, sizeof why);
+  char msg[NCFSM__NCCL_WHY_MAX + 256];
+  const ncfsm__backend *be = backend_for("ncfsm_get_unique_id", backend, msg, sizeof msg);
   if (!be) {
-    NCFSM_WARN(NCFSM__SUB_BACKEND, "ncfsm_get_unique_id: %s", why);
+    ncfsm__last_error_set(msg);
+    NCFSM_WARN(NCFSM__SUB_BACKEND, "%s", msg);
     return NCFSM_ERR_UNSUPPORTED;
   }
   memset(id, 0, sizeof *id);
-  return be->get_unique_id(id) == NCFSM__NCCL_SUCCESS ? NCFSM_OK : NCFSM_ERR_BACKEND;
+  int rc = be->get_unique_id(id);
+  if (rc == NCFSM__NCCL_SUCCESS) return NCFSM_OK;
+  snprintf(msg, sizeof msg, "ncfsm_get_unique_id: ncclGetUniqueId returned %s (%s backend)", ncfsm__nccl_result_name(rc),
+           be->name);
+  ncfsm__last_error_set(msg);
+  return NCFSM_ERR_BACKEND;
 }
 
 /* ---- communicators ---------------------------------------------------------------- */
@@ -57,12 +77,12 @@ static ncfsm_result_t comm_make(ncfsm_loop *loop, const ncfsm_comm_opts *opts, n
     free(c);
     return NCFSM_ERR_NO_MEMORY;
   }
-  char why[256];
-  c->be = ncfsm__backend_get(c->opts.backend, why, sizeof why);
+  char msg[NCFSM__NCCL_WHY_MAX + 256];
+  c->be = backend_for("ncfsm_comm_new", c->opts.backend, msg, sizeof msg);
   ncfsm_result_t r = NCFSM_OK;
   if (!c->be) {
-    ncfsm__loop_error(loop, "ncfsm_comm_new: backend %s unavailable: %s", ncfsm_backend_name(c->opts.backend), why);
-    NCFSM_WARN(NCFSM__SUB_FSM, "ncfsm_comm_new: backend %s unavailable: %s", ncfsm_backend_name(c->opts.backend), why);
+    ncfsm__loop_error(loop, "%s", msg);
+    NCFSM_WARN(NCFSM__SUB_FSM, "%s", msg);
     r = NCFSM_ERR_UNSUPPORTED;
   } else if (c->be->stream_create(c->opts.device, &c->stream) != 0) {
     ncfsm__loop_error(loop, "ncfsm_comm_new: cannot create a stream on device %d", c->opts.device);

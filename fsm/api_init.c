@@ -97,7 +97,10 @@ ncfsm_result_t ncfsm_comm_init_all(ncfsm_loop *loop, int n, const ncfsm_comm_opt
   }
   ncfsm_unique_id id;
   r = ncfsm_get_unique_id(o.backend, &id);
-  if (r != NCFSM_OK) return r;
+  if (r != NCFSM_OK) {
+    ncfsm__loop_error(loop, "ncfsm_comm_init_all: %s", ncfsm_last_error()); /* the cause and what to do */
+    return r;
+  }
   int i;
   for (i = 0; i < n; i++) {
     comms[i] = NULL;

@@ -19,7 +19,7 @@ void ncfsm__set_error(ncfsm_comm *c, const char *fmt, ...) {
 /* Loop-level errors are per thread (ncfsm_loop_last_error); the loop's id
  * tells a new loop at a freed one's address from it. */
 static _Thread_local uint64_t tls_err_loop;
-static _Thread_local char tls_err[512];
+static _Thread_local char tls_err[1024];
 
 void ncfsm__loop_error(ncfsm_loop *loop, const char *fmt, ...) {
   va_list ap;

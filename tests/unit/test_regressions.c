@@ -512,9 +512,36 @@ static void test_shrink_after_init_timeout(void **state) {
   teardown_all(loop, c, 2);
 }
 
+/* Without a usable GPU, a call that needs the nccl backend is refused with
+ * the cause (no driver, no device, no library) and says to use the sim or
+ * auto, readable through the API (ncfsm_last_error, ncfsm_loop_last_error),
+ * not only a WARN of a function the user did not call (issue: the first hour). */
+static void test_no_gpu_names_the_cause(void **state) {
+  (void)state;
+  ncfsm_backend_info bi;
+  if (ncfsm_backend_query(NCFSM_BACKEND_NCCL, &bi) == NCFSM_OK && bi.device_count > 0) skip();
+  ncfsm_loop *loop;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_comm_opts o;
+  assert_int_equal(ncfsm_comm_opts_init(&o), NCFSM_OK);
+  o.backend = NCFSM_BACKEND_NCCL;
+  ncfsm_comm *c[2];
+  assert_int_equal(ncfsm_comm_init_all(loop, 2, &o, NULL, c), NCFSM_ERR_UNSUPPORTED);
+  const char *e = ncfsm_last_error();
+  assert_non_null(strstr(e, "ncfsm_comm_init_all"));
+  assert_non_null(strstr(e, "nccl backend is unavailable"));
+  assert_non_null(strstr(e, "sim"));
+  assert_string_equal(ncfsm_loop_last_error(loop), e);
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_NCCL, &id), NCFSM_ERR_UNSUPPORTED);
+  assert_non_null(strstr(ncfsm_last_error(), "ncfsm_get_unique_id"));
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_destroy_inflight_never_ok),
+      cmocka_unit_test(test_no_gpu_names_the_cause),
       cmocka_unit_test(test_revoke_fails_unobserved),
       cmocka_unit_test(test_shared_stream_stay_destroy),
       cmocka_unit_test(test_revoke_after_error_messages),
