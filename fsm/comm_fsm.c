@@ -66,24 +66,29 @@ static void note_state(ncfsm_comm *c, int rank, unsigned from, unsigned next, un
   }
 }
 
-static void step_fn(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *r, void *payload) {
+static inline __attribute__((always_inline)) void step_fn(void *obj, unsigned from, unsigned ev,
+                                                        const ncfsm__mrow *r, void *payload) {
   ncfsm_comm *c = obj;
+  ncfsm_loop *loop = c->loop;
   const ncfsm__cev *p = payload;
-  unsigned next = r->next;
-  c->loop->stats.trans[from][next]++;
-  if (next != from) c->state_since_ns = ncfsm__now_ns();
+  unsigned next = r->next, fn = ncfsm__sflags(next);
+  loop->stats.trans[from][next]++;
   NCFSM_TRACE(NCFSM__SUB_FSM, "[%s rank %d] %s --%s[%s]/%s (%s)--> %s", c->name, c->rank,
               ncfsm_state_name((ncfsm_state_t)from), ncfsm_event_name((ncfsm_event_t)ev),
               ncfsm__m_comm.guards[r->guard].name, ncfsm__m_comm.actions[r->action].name, r->rule,
               ncfsm_state_name((ncfsm_state_t)next));
-  if ((ncfsm__sflags(next) & NCFSM_SF_DEADLINE) && !(ncfsm__sflags(from) & NCFSM_SF_DEADLINE))
-    c->phase_deadline = ncfsm__deadline(ncfsm__now_ns(), c->opts.timeout_ms);
-  if ((ncfsm__sflags(next) & NCFSM_SF_POLL) && next != from) c->loop->poll_iter = 0; /* restart the poll burst */
-  if (ncfsm__sflags(next) & NCFSM_SF_CONTROL) c->loop->ctl = c->loop->kick = true; /* its control step is due */
-  if (c->close && next != from) c->loop->ctl = c->loop->kick = true;   /* its close column's step is due */
-  /* INIT, INIT_BOOT: the step gives the comm its place (the action stores it) */
-  note_state(c, p->nranks > 0 ? p->rank : c->rank, from, next, ev, p->cause);
-  if (c->rops && next != from) c->rops->stepped(c);
+  if (next != from) { /* a self-loop (a launch final in READY, the hot path) changes none of these */
+    uint64_t now = ncfsm__now_ns();
+    c->state_since_ns = now;
+    if ((fn & NCFSM_SF_DEADLINE) && !(ncfsm__sflags(from) & NCFSM_SF_DEADLINE))
+      c->phase_deadline = ncfsm__deadline(now, c->opts.timeout_ms);
+    if (fn & NCFSM_SF_POLL) loop->poll_iter = 0; /* restart the poll burst */
+    if (c->close) loop->ctl = loop->kick = true; /* its close column's step is due */
+    if (c->rops) c->rops->stepped(c);
+  }
+  if (fn & NCFSM_SF_CONTROL) loop->ctl = loop->kick = true; /* its control step is due */
+  if (loop->trace || c->opts.on_state) /* INIT, INIT_BOOT: the step gives the comm its place */
+    note_state(c, p->nranks > 0 ? p->rank : c->rank, from, next, ev, p->cause);
 }
 
 extern void (*const ncfsm__comm_acts[NCFSM__CA_COUNT])(void *, void *);
@@ -121,20 +126,25 @@ bool ncfsm__comm_can_fire(const ncfsm_comm *c, ncfsm_event_t ev) {
 ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why) {
   const char *rule, *hint;
   ncfsm_state_t s = (ncfsm_state_t)c->state;
-  ncfsm_decision_t d = ncfsm_legality(s, call, &rule, &hint);
+  const ncfsm__cell *cl = &ncfsm__comm_cells[s][call];
+  ncfsm_decision_t d = cl->listed ? (ncfsm_decision_t)cl->decision : NCFSM_REJECT;
   ncfsm_result_t r = NCFSM_ERR_ILLEGAL_STATE;
   if (d != NCFSM_REJECT) {
-    unsigned long long gs = ncfsm__comm_cells[s][call].guards;
-    unsigned g;
-    for (g = 1; g < NCFSM__CG_COUNT; g++)
-      if ((gs >> g & 1) && !ncfsm__comm_guard(c, (ncfsm__comm_guard_t)g, NULL)) break;
-    if (g == NCFSM__CG_COUNT) return d;
+    unsigned long long gs = cl->guards; /* tried in guard order: the lowest set bit first */
+    unsigned g = 0;
+    for (; gs; gs &= gs - 1) {
+      g = (unsigned)__builtin_ctzll(gs);
+      if (!ncfsm__comm_guard(c, (ncfsm__comm_guard_t)g, NULL)) break;
+    }
+    if (!gs) return d; /* the hot path: every guard held (no name, no hint looked up) */
+    ncfsm_legality(s, call, &rule, &hint);
     const ncfsm__mguard *gd = &ncfsm__m_comm.guards[g];
     d = NCFSM_REJECT;
     r = (ncfsm_result_t)gd->result;
     ncfsm__set_error(c, "%s: illegal in state %s (%s; guard %s does not hold): %s", ncfsm_call_fn(call),
                      ncfsm_state_name(s), rule, gd->name, gd->hint);
   } else {
+    ncfsm_legality(s, call, &rule, &hint);
     ncfsm__set_error(c, "%s: illegal in state %s (%s): %s", ncfsm_call_fn(call), ncfsm_state_name(s), rule, hint);
   }
   c->loop->stats.reject[s][call]++;

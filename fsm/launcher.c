@@ -274,7 +274,10 @@ bool ncfsm__launch(ncfsm_loop *loop) {
     launch_one(loop, c, limit);
     any = true;
   }
-  if (ctl || any) ncfsm__control(loop, true);
+  /* Finalizes after the launches: a DRAINING comm keeps loop->ctl set
+   * until its finalize is issued (fsm/control.c), so a turn with no
+   * control work left skips the pass. */
+  if (ctl || loop->ctl) ncfsm__control(loop, true);
   return any;
 }
 

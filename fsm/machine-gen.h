@@ -47,6 +47,7 @@ static const ncfsm__mrow NCFSM__MG(rows)[] = {
 static unsigned short NCFSM__MG(first)[NCFSM__MG_N(NCFSM__MG(states)) * NCFSM__MG_N(NCFSM__MG(events))];
 static unsigned char NCFSM__MG(count)[NCFSM__MG_N(NCFSM__MG(states)) * NCFSM__MG_N(NCFSM__MG(events))];
 static unsigned NCFSM__MG(hits)[NCFSM__MG_N(NCFSM__MG(rows))];
+static const ncfsm__mrow *NCFSM__MG(only)[NCFSM__MG_N(NCFSM__MG(states)) * NCFSM__MG_N(NCFSM__MG(events))];
 
 const ncfsm__machine NCFSM__MG_XCAT(ncfsm__m_, NCFSM_M_ID) = {
 #define NCFSM_MACHINE(n, i, d) #n, d, NCFSM_M_S(i),
@@ -54,7 +55,7 @@ const ncfsm__machine NCFSM__MG_XCAT(ncfsm__m_, NCFSM_M_ID) = {
     NCFSM__MG_N(NCFSM__MG(states)), NCFSM__MG_N(NCFSM__MG(events)), NCFSM__MG_N(NCFSM__MG(guards)),
     NCFSM__MG_N(NCFSM__MG(actions)), NCFSM__MG_N(NCFSM__MG(flags)), NCFSM__MG_N(NCFSM__MG(rows)),
     NCFSM__MG(states), NCFSM__MG(events), NCFSM__MG(guards), NCFSM__MG(actions), NCFSM__MG(flags),
-    NCFSM__MG(rows), NCFSM__MG(first), NCFSM__MG(count), NCFSM__MG(hits)};
+    NCFSM__MG(rows), NCFSM__MG(first), NCFSM__MG(count), NCFSM__MG(only), NCFSM__MG(hits)};
 
 /* The index is built before main (and before any engine call). */
 __attribute__((constructor)) static void NCFSM__MG(index)(void) {

@@ -25,6 +25,10 @@ bool ncfsm__m_index(const ncfsm__machine *m) {
     else if (m->first[k] + m->count[k] != i) adjacent = false;
     m->count[k]++;
   }
+  for (unsigned k = 0; k < cells; k++) {
+    const ncfsm__mrow *r = m->count[k] == 1 ? &m->rows[m->first[k]] : NULL;
+    m->only[k] = r && r->guard == 0 ? r : NULL;
+  }
   return adjacent;
 }
 

@@ -83,6 +83,9 @@ typedef struct ncfsm__machine {
    * (s, e) are rows[first[s * nevents + e]] .. + count[...] - 1. */
   unsigned short *first;
   unsigned char *count;
+  /* The cell's row when it has exactly one and that row is unguarded (the
+   * common case: one load and a test per fire); NULL otherwise. */
+  const struct ncfsm__mrow **only;
   /* How often each row fired since ncfsm__m_count_rows(true) (tests that
    * walk a table row by row; nothing is counted otherwise). */
   unsigned *hits;
@@ -119,6 +122,8 @@ static inline const ncfsm__mrow *ncfsm__m_row(const ncfsm__machine *m, unsigned 
 static inline const ncfsm__mrow *ncfsm__m_find(const ncfsm__binding *b, const void *obj, unsigned s, unsigned e,
                                                const void *payload) {
   const ncfsm__machine *m = b->m;
+  const ncfsm__mrow *only = m->only[s * m->nevents + e];
+  if (only) return only;
   unsigned n = ncfsm__m_nrows(m, s, e);
   for (unsigned i = 0; i < n; i++) {
     const ncfsm__mrow *r = ncfsm__m_row(m, s, e, i);

@@ -349,7 +349,6 @@ void ncfsm__work_unref(ncfsm_work *w);
 void ncfsm__comm_unref(ncfsm_comm *c);
 void ncfsm__comm_free_all(ncfsm_loop *loop); /* loop close: the quarantine */
 /* The recorder entry of w after a change of w. */
-void ncfsm__rec_work(ncfsm_work *w);
 
 /* ---- marks.c ---- */
 ncfsm__mark *ncfsm__mark_get(ncfsm_comm *c);
@@ -369,7 +368,12 @@ void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status
 void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
 /* Does an unfinished work of this loop name stream? */
 bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream);
-bool ncfsm__comm_inflight(const ncfsm_comm *c); /* works on c's streams */
+/* Works on c's streams (inline: the progress pass asks at every turn). */
+static inline bool ncfsm__comm_inflight(const ncfsm_comm *c) {
+  for (int i = 0; i < c->nsq; i++)
+    if (c->sq[i].head) return true;
+  return false;
+}
 bool ncfsm__comm_idle(const ncfsm_comm *c);     /* nothing unfinished, nothing grouped */
 /* Observe c's completion events in stream order: works before the first
  * incomplete event complete. Returns 1 on progress, 0 on none, -1 when an

@@ -132,12 +132,6 @@ void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status
   }
 }
 
-bool ncfsm__comm_inflight(const ncfsm_comm *c) {
-  for (int i = 0; i < c->nsq; i++)
-    if (c->sq[i].head) return true;
-  return false;
-}
-
 bool ncfsm__comm_idle(const ncfsm_comm *c) {
   return c->ngroup == 0 && !c->bq_head && !c->launching && !ncfsm__comm_inflight(c);
 }

@@ -181,7 +181,7 @@ static void report(struct ncfsm__recovery *r, ncfsm_result_t status) {
     return;
   }
   q->r = r;
-  memcpy(q->excluded, r->excluded, (size_t)r->nexcluded * sizeof(int));
+  if (r->nexcluded) memcpy(q->excluded, r->excluded, (size_t)r->nexcluded * sizeof(int)); /* none: excluded may be NULL */
   ncfsm_recovery_report *rep = &q->rep;
   rep->status = status;
   rep->old = r->old;

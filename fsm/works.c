@@ -18,8 +18,9 @@ static void stats_note(ncfsm__stats *s, ncfsm_work *w, unsigned st) {
   unsigned k = (unsigned)w->fp.op;
   if (k >= NCFSM_OPKIND_COUNT || w->t_complete < w->t_submit) return;
   uint64_t ns = w->t_complete - w->t_submit, us = (ns + 999) / 1000;
-  unsigned b = 0;
-  while (b < NCFSM__LAT_BUCKETS - 1 && us > (1ull << b)) b++;
+  /* bucket b: us <= 2^b (the smallest such b), the last one for the rest */
+  unsigned b = us <= 1 ? 0 : 64u - (unsigned)__builtin_clzll(us - 1);
+  if (b > NCFSM__LAT_BUCKETS - 1) b = NCFSM__LAT_BUCKETS - 1;
   s->lat_bucket[k][b]++;
   s->lat_count[k]++;
   s->lat_sum_ns[k] += ns;
@@ -58,7 +59,6 @@ static void wact_finish(void *obj, void *payload) {
   w->status = payload ? ((const ncfsm__wev *)payload)->status : NCFSM_OK;
   w->t_complete = ncfsm__now_ns();
   if (w->vreq && c->vops) c->vops->forget(c, w);
-  ncfsm__rec_work(w);
   stats_note(&loop->stats, w, w->state);
   w->next = NULL;
   if (loop->notify_tail) loop->notify_tail->next = w;
@@ -80,11 +80,28 @@ static bool work_guard(const void *obj, unsigned g, const void *payload) {
   return g == NCFSM__WG_ANY;
 }
 
-static void work_step(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *row, void *payload) {
+/* The recorder's entry of w follows its state (seq, launch, times, result). */
+static inline __attribute__((always_inline)) void rec_work(ncfsm_work *w) {
+  ncfsm__rec_entry *e = ncfsm__rec_get(w->comm->rec, w->rec);
+  if (!e) return; /* recorder off, or the entry was overwritten */
+  e->fp.seq = w->fp.seq;
+  e->group = w->group;
+  e->state = (int32_t)w->state;
+  e->t_launch_ns = w->t_launch;
+  e->t_final_ns = w->t_final;
+  if (ncfsm__work_state_final((ncfsm_work_state_t)w->state)) {
+    e->result = (int32_t)w->status;
+    e->t_complete_ns = w->t_complete;
+  }
+}
+
+/* The after observer (inlined where the dispatcher calls it directly). */
+static inline __attribute__((always_inline)) void work_step(void *obj, unsigned from, unsigned ev,
+                                                          const ncfsm__mrow *row, void *payload) {
   ncfsm_work *w = obj;
   (void)ev;
   (void)row;
-  ncfsm__rec_work(w);
+  rec_work(w);
   ncfsm_loop *loop = w->comm->loop;
   if (loop->trace) {
     ncfsm_trace_rec r = {NCFSM_OBJ_WORK, w, w->comm->rank, w->fp.seq, (int)from, -1, (int)w->state, w->status,
@@ -96,8 +113,8 @@ static void work_step(void *obj, unsigned from, unsigned ev, const ncfsm__mrow *
 static const ncfsm__binding work_binding = {&ncfsm__m_work, work_guard, work_acts, NULL, work_step};
 
 void ncfsm__work_fire(ncfsm_work *w, ncfsm__work_event_t ev, const ncfsm__wev *p) {
-  ncfsm__wev none = {NCFSM_OK, 0, 0}, arg = p ? *p : none;
-  if (ncfsm__m_fire(&work_binding, w, &w->state, ev, &arg)) return;
+  static const ncfsm__wev none = {NCFSM_OK, 0, 0};
+  if (ncfsm__m_fire(&work_binding, w, &w->state, ev, (void *)(p ? p : &none))) return;
   NCFSM_LOG(NCFSM__LOG_ERROR, NCFSM__SUB_FSM, "[%s rank %d] work seq %llu: invalid event %s in state %s (engine defect)",
             w->comm->name, w->comm->rank, (unsigned long long)w->fp.seq, ncfsm__m_work.events[ev].name,
             ncfsm_work_state_name((ncfsm_work_state_t)w->state));
@@ -110,20 +127,6 @@ void ncfsm__work_end(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status
   ncfsm__work_fire(w, st == NCFSM_WORK_TIMED_OUT ? NCFSM__WE_TIME_OUT : st == NCFSM_WORK_ABORTED ? NCFSM__WE_ABORT
                                                                                               : NCFSM__WE_FAIL,
                    &p);
-}
-
-void ncfsm__rec_work(ncfsm_work *w) {
-  ncfsm__rec_entry *e = ncfsm__rec_get(w->comm->rec, w->rec);
-  if (!e) return; /* recorder off, or the entry was overwritten */
-  e->fp.seq = w->fp.seq;
-  e->group = w->group;
-  e->state = (int32_t)w->state;
-  e->t_launch_ns = w->t_launch;
-  e->t_final_ns = w->t_final;
-  if (ncfsm__work_state_final((ncfsm_work_state_t)w->state)) {
-    e->result = (int32_t)w->status;
-    e->t_complete_ns = w->t_complete;
-  }
 }
 
 /* ---- comms ------------------------------------------------------------------------ */
