@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev libssl-dev
       libxxhash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
-      libclang-rt-dev prometheus curl)
+      libclang-rt-dev prometheus curl python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
