@@ -9,7 +9,7 @@
  * success, else a backend code (cudaError_t for nccl).
  *
  * The engine (fsm/) is the only caller, always on the loop thread (R9), and
- * never calls a backend in a way NCCL-RULES forbids; the sim still enforces
+ * never calls a backend in a way docs/nccl-rules.md forbids; the sim still enforces
  * the rules so that tests can show what happens when a program does.
  */
 #ifndef NCFSM_CORE_BACKEND_H

@@ -27,7 +27,7 @@ extern "C" {
  * NCCL_VERSION_CODE that has it (read from each release's nccl.h: 2.28.3,
  * 2.28.9, 2.29.2, 2.29.3, 2.29.7, 2.30.3, 2.30.7, 2.31.2, 2.32.3); the
  * NCFSM__HAS_* bit of core/backend.h it gives (a bit needs every row that
- * names it; 0: reported, not used by ncfsm); the rule (NCCL-RULES) or ""; and
+ * names it; 0: reported, not used by ncfsm); the rule (docs/nccl-rules.md) or ""; and
  * what ncfsm does with it. An entry point is used only when the runtime
  * exports it and ncclGetVersion is at least its version: an older runtime
  * that exports the name may have another prototype.

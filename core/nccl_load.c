@@ -194,8 +194,8 @@ static void load_nccl(ncfsm__nccl_info *in) {
     char vs[32];
     ncfsm__nccl_version_str(v, vs, sizeof vs);
     NCFSM_WARN(NCFSM__SUB_BACKEND,
-               "NCCL %s (%s) is older than 2.28: NCCL-RULES were measured on 2.28.3/2.28.9; behaviour may "
-               "differ",
+               "NCCL %s (%s) is older than 2.28: the rules ncfsm follows (docs/nccl-rules.md) were measured "
+               "on 2.28.3/2.28.9; behaviour may differ",
                vs, in->nccl_path);
   }
 }

@@ -3,7 +3,7 @@
  *
  * Every call below is thread-safe unless its comment says otherwise. Backend
  * (NCCL/CUDA or sim) calls are only made by the thread that runs the loop
- * (NCCL-RULES R9); calls from other threads take the loop's lock, do the
+ * (R9, docs/nccl-rules.md); calls from other threads take the loop's lock, do the
  * state bookkeeping and wake the loop. Callbacks always run on the loop
  * thread, exactly once, and never when the call that took them failed.
  */

@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libevent-dev libjansson-dev libcmocka-dev libssl-dev
       libxxhash-dev uthash-dev graphviz libpmix-dev openmpi-bin libopenmpi-dev valgrind clang
-      libclang-rt-dev prometheus curl
+      libclang-rt-dev prometheus curl python3
       iproute2 iptables munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins)  # the netns and slurm tests
 missing=()
 for p in "${pkgs[@]}"; do

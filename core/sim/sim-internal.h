@@ -4,7 +4,7 @@
  * One process-wide mutex (ncfsm__sim_mu) protects every process-local object
  * below; every function declared here expects it held unless its comment says
  * otherwise. Shared (cross-process) state has its own robust mutex (shm_hdr.mu).
- * Rule ids (R1..R13) refer to shared/design/NCCL-RULES.md.
+ * Rule ids (R1..R13) are the sections of docs/nccl-rules.md.
  */
 #ifndef NCFSM_CORE_SIM_INTERNAL_H
 #define NCFSM_CORE_SIM_INTERNAL_H

@@ -13,7 +13,7 @@
  * One process-wide mutex protects all sim state; ranks of a clique may be
  * driven by one thread or several. Progress runs only inside
  * get_async_error and event_query (and blocking waits): no helper threads.
- * Rule ids (R1..R13) refer to shared/design/NCCL-RULES.md.
+ * Rule ids (R1..R13) are the sections of docs/nccl-rules.md.
  */
 #include <errno.h>
 #include <stdarg.h>

@@ -381,7 +381,7 @@ static shm_op *find_recv(sim_clique *q, int r, int from, uint64_t idx) {
 }
 
 /* ---- R11: an instance whose fingerprints differ across ranks -------------------------
- * Measured on NCCL 2.28.3 and 2.28.9 (NCCL-RULES R11; 2 ranks, nonblocking,
+ * Measured on NCCL 2.28.3 and 2.28.9 (docs/nccl-rules.md R11; 2 ranks, nonblocking,
  * after a correct AllReduce, 1-8 floats), with no async error on any rank:
  *   Broadcast root 0 / AllReduce      the root completes with its own data; the other hangs
  *   AllReduce count 4 / count 8       the smaller count completes; the larger hangs

@@ -1,6 +1,6 @@
 /*
- * 02_group_semantics: the seed chapter's nine native group/async variants,
- * run through ncfsm. One CSV row per variant and rank; every row is a full
+ * 02_group_semantics: the seed chapter's nine native group/async variants
+ * (the chapter: docs/nccl-rules.md, "The seed chapter"), run through ncfsm. One CSV row per variant and rank; every row is a full
  * tensor check plus return-code and state checks.
  *
  *   mpirun -np 4 build/examples/02_group_semantics     one rank per process (PMIx)

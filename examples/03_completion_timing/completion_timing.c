@@ -1,7 +1,8 @@
 /*
  * 03_completion_timing: the seed chapter's "GroupEnd is not GPU completion"
- * experiment, through ncfsm. In-place AllReduce SUM int32 (256 MiB per rank by
- * default), warm-up cycles, then measured cycles with opts.timing = 1. Per
+ * experiment (the chapter: docs/nccl-rules.md, "The seed chapter"), through
+ * ncfsm. In-place AllReduce SUM int32 (256 MiB per rank by default), warm-up
+ * cycles, then measured cycles with opts.timing = 1. Per
  * cycle and rank:
  *
  *   host enqueue   ncfsm_group_start .. ncfsm_group_end on the host

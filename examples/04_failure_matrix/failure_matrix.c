@@ -1,6 +1,7 @@
 /*
  * 04_failure_matrix: the seed chapter's failure matrix through ncfsm, with
- * every verification mode (issue 9; docs/ordering.md).
+ * every verification mode (issue 9; docs/ordering.md; the chapter:
+ * docs/nccl-rules.md, "The seed chapter").
  *
  *   failure_matrix --list
  *   mpirun -np N failure_matrix --case NAME --out DIR [--deadline-ms 6000] [--stall-ms 1000] [--require-gpu]

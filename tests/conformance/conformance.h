@@ -1,5 +1,6 @@
 /*
- * The conformance suite (ncfsm-conformance): NCCL-RULES R1-R12 run three ways
+ * The conformance suite (ncfsm-conformance): the rules of docs/nccl-rules.md
+ * (R1-R8, R12) run three ways
  * on two ranks driven by one thread (2 GPUs with --backend nccl, 2 sim ranks
  * with --backend sim):
  *
@@ -26,10 +27,10 @@
  *   raw_util.c         raw-mode building blocks (init, poll, group, health)
  *   ncfsm_util.c       ncfsm-mode building blocks
  *   scen_*.c           one file per rule family: the scenario code, its raw
- *                      expectation (from NCCL-RULES) and, for a raw row whose
+ *                      expectation (from the rule) and, for a raw row whose
  *                      outcome varies on real NCCL, every observed outcome
  *   expect_ncfsm.c     EVERY ncfsm-mode expectation (engine semantics)
- *   known.c            known differences (NCCL vs NCCL-RULES, sim vs NCCL),
+ *   known.c            known differences (NCCL vs the raw expectation, sim vs NCCL),
  *                      each with the results file that shows it
  */
 #ifndef NCFSM_CONFORMANCE_H
@@ -101,7 +102,7 @@ typedef struct varies {
 typedef struct scen {
   const char *id, *rule, *title;
   scen_fn fn[M_COUNT];
-  exp_t raw;           /* raw expectation, written from NCCL-RULES */
+  exp_t raw;           /* raw expectation, written from the rule (docs/nccl-rules.md) */
   exp_t raw_norevoke;  /* raw, when the runtime has no ncclCommRevoke (.rc NULL: none) */
   const varies_t *varies; /* raw on nccl only (see outcome_t); NULL: exact match */
   int sim_only;           /* runs on the sim only */
@@ -126,7 +127,7 @@ typedef struct ncfsm_expect {
 extern const ncfsm_expect_t ncfsm_expectations[];
 extern const int ncfsm_nexpectations;
 
-/* known.c: an explained disagreement between NCCL and NCCL-RULES, or between
+/* known.c: an explained disagreement between NCCL and the raw expectation, or between
  * the sim and NCCL, documented by a results file; matches only this exact
  * field observation of this scenario, mode and backend. An ncfsm-mode entry
  * may only name the sim (a difference of the sim by design): on real NCCL an

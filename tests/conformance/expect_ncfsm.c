@@ -1,6 +1,6 @@
 /* EVERY ncfsm-mode expectation of the suite, in one place.
  *
- * The raw expectations (scen_*.c) come from NCCL-RULES and change when NCCL
+ * The raw expectations (scen_*.c) come from the rules (docs/nccl-rules.md) and change when NCCL
  * does; these come from ncfsm's own semantics (the state table, the launcher,
  * the engine) and change when the engine does. When an engine change alters
  * a state name, a decision or a lifecycle rule, update the entry here (and

@@ -2,7 +2,9 @@
  * is explained by a DOCUMENTED difference, with the committed results that
  * show it:
  *
- *   - real NCCL differs from what NCCL-RULES claims (raw rows on nccl);
+ *   - real NCCL differs from the rule as first described, which the raw
+ *     expectation encodes (raw rows on nccl; docs/nccl-rules.md says what was
+ *     measured);
  *   - the sim differs from NCCL by design (sim rows; docs/sim.md).
  *
  * Nothing here may describe an ncfsm bug: an ncfsm row on real NCCL must
@@ -32,7 +34,7 @@ const known_t knowns[] = {
      "the GPU it was pending, as expected",
      {"docs/results/conformance-sim.json", "docs/sim.md", GPU_RUNS}},
 
-    /* ---- real NCCL 2.28.3 and 2.28.9 against NCCL-RULES (one process, one thread, two GPUs) ---- */
+    /* ---- real NCCL 2.28.3 and 2.28.9 against the raw expectations (one process, one thread, two GPUs) ---- */
     {"call_during_inprogress", "raw", "nccl", "data", "first=wrong second=wrong",
      "NOT REPRODUCED (R2 'the first operation's data was correct'): here the first launch was the comm's first "
      "collective, still connecting; the rejected second group's cleanup broke that connection setup (NCCL WARN "
@@ -47,7 +49,7 @@ const known_t knowns[] = {
     {"destroy_inprogress_cascade", "raw", "nccl", "rc",
      "finalize-again=InvalidArgument destroy(r0)=InvalidArgument next:gs=Success init=Success,Success ge=Success",
      "PARTLY REPRODUCED (R4): the second Finalize and the Destroy right after it returned ncclInvalidArgument "
-     "as NCCL-RULES says, but the NEXT communicator created on the thread initialised normally, with no "
+     "as the raw expectation says, but the NEXT communicator created on the thread initialised normally, with no "
      "mixing WARN: the cross-communicator cascade did not occur",
      {GPU_RUNS}},
     {"destroy_inprogress_cascade", "raw", "nccl", "async", "r0=InvalidArgument next=Success,Success",

@@ -1,6 +1,6 @@
 /* R12: operations inside one group are unordered: dependent in-place
  * AllReduces on one buffer in one group, and the same as separate launches.
- * The raw expectations are written from NCCL-RULES R12; the ncfsm ones are in
+ * The raw expectations are written from R12 (docs/nccl-rules.md); the ncfsm ones are in
  * expect_ncfsm.c. */
 #include <sched.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* R1 and R2: ncclInProgress everywhere on a nonblocking comm, and what is
  * legal (and what happens) while the async state is InProgress.
- * The raw expectations are written from NCCL-RULES R1/R2; the ncfsm ones are
+ * The raw expectations are written from R1/R2 (docs/nccl-rules.md); the ncfsm ones are
  * in expect_ncfsm.c. */
 #include <sched.h>
 #include <stdio.h>

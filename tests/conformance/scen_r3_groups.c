@@ -1,6 +1,6 @@
 /* R3: groups are thread-local and depth-counted; argument errors inside a
  * group; several streams in one group; blocking and nonblocking comms.
- * The raw expectations are written from NCCL-RULES R3; the ncfsm ones are in
+ * The raw expectations are written from R3 (docs/nccl-rules.md); the ncfsm ones are in
  * expect_ncfsm.c. */
 #include <sched.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
-/* R4: Finalize and Destroy, and the cross-communicator cascade NCCL-RULES
- * measured after a second Finalize.
- * The raw expectations are written from NCCL-RULES R4; the ncfsm ones are in
+/* R4: Finalize and Destroy, and the cross-communicator cascade first
+ * described after a second Finalize (never seen on real NCCL: docs/nccl-rules.md).
+ * The raw expectations are written from R4 as first described; the ncfsm ones are in
  * expect_ncfsm.c. */
 #include <sched.h>
 #include <stdio.h>
@@ -197,7 +197,7 @@ const scen_t scen_destroy_after_finalize = {
     .sim_has_revoke = -1,
 };
 
-/* destroy_poisoned_cascade, raw on real NCCL: NCCL-RULES R4's cascade (the
+/* destroy_poisoned_cascade, raw on real NCCL: R4's cascade as first described (the
  * next comm on the thread failing with the mixing WARN) was never seen; what
  * the Destroy after the poll returns depends on timing inside NCCL (counts in
  * docs/conformance.md, "Rows that vary"). Every outcome observed so far: */

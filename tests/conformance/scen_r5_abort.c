@@ -1,6 +1,6 @@
 /* R5: Abort while work runs (raw: both ranks in one group; ncfsm: from the
  * state callback at the moment the launch is final).
- * The raw expectation is written from NCCL-RULES R5; the ncfsm one is in
+ * The raw expectation is written from R5 (docs/nccl-rules.md); the ncfsm one is in
  * expect_ncfsm.c. */
 #include <sched.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* R6: Revoke (NCCL >= 2.28.7): revoke, an AllReduce after it, destroy; on a
  * runtime without Revoke (2.28.3, or the sim told so) it is unsupported.
- * The raw expectations are written from NCCL-RULES R6; the ncfsm ones are in
+ * The raw expectations are written from R6 (docs/nccl-rules.md); the ncfsm ones are in
  * expect_ncfsm.c. */
 #include <sched.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* R8: Split, R7: Shrink (NCCL >= 2.27.3), on 2 nonblocking ranks driven by
- * one thread. The raw expectations are written from NCCL-RULES R7 and R8;
+ * one thread. The raw expectations are written from R7 and R8 (docs/nccl-rules.md);
  * the ncfsm ones are in expect_ncfsm.c.
  *
  *   split_child_handle  both ranks split (one color) inside one group: the

@@ -46,10 +46,10 @@ static const varies_t v_no_evidence = {"raw", "nccl", outcome_no_evidence, 1};
 #define EXP_RAW {"e-rc", "e-async", "e-data", "e-health"}
 
 static const scen_t s_var = {
-    .id = "s_var", .rule = "R0", .title = "varies", .fn = {fn_none, fn_none}, .raw = EXP_RAW, .varies = &v_raw_nccl};
-static const scen_t s_known = {.id = "s_known", .rule = "R0", .title = "known", .fn = {fn_none, fn_none}, .raw = EXP_RAW};
+    .id = "s_var", .rule = "R1", .title = "varies", .fn = {fn_none, fn_none}, .raw = EXP_RAW, .varies = &v_raw_nccl};
+static const scen_t s_known = {.id = "s_known", .rule = "R1", .title = "known", .fn = {fn_none, fn_none}, .raw = EXP_RAW};
 static const scen_t s_norev = {.id = "s_norev",
-                               .rule = "R0",
+                               .rule = "R1",
                                .title = "only without revoke",
                                .fn = {fn_none, fn_none},
                                .raw_norevoke = {"u-rc", "u-async", "u-data", "u-health"}};

@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  /* the mismatch (rank 0 / rank 1), as in NCCL-RULES R11's table */
+  /* the mismatch (rank 0 / rank 1), as in R11's measured rows (docs/nccl-rules.md) */
   ncfsm_result_t sr[2] = {NCFSM_OK, NCFSM_OK};
   w[0] = w[1] = NULL;
   if (!strcmp(kind, "op")) {

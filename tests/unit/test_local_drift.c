@@ -1,5 +1,5 @@
 /*
- * Local ranks that drift apart (NCCL-RULES R13). One process, 2 sim ranks
+ * Local ranks that drift apart (R13, docs/nccl-rules.md). One process, 2 sim ranks
  * of one clique (ncfsm_comm_init_all), the loop on its own thread, and each
  * rank's in-place AllReduces submitted by a thread of its own, as in the
  * real-GPU program that stopped after ~1,000 ops (watchdog at 15 s).

@@ -4,7 +4,7 @@
  * the unique id that the parent made (docs/sim.md, "Processes"). Checks the
  * data of every collective, R12 in one group, R2 poisoning on the raw
  * backend, fault injection (async_error_at_op, never_arrive, fail_init), R11
- * mismatches (NCCL-RULES R11's measured table with 2 processes, the sim's
+ * mismatches (R11's measured table with 2 processes, docs/sim.md; the sim's
  * model with 4, and a process that dies committing one), ranks killed
  * with SIGKILL (holding the clique's lock, and not), the arena bound, stale-segment cleanup, and that no /dev/shm file is
  * left behind. Also R13 across processes (the drift limit), a process that
@@ -603,7 +603,7 @@ static int drain_stream(void *stream) {
 }
 
 /* ---- R11: mismatched collectives, one rank per process ------------------------------
- * NCCL-RULES R11's table (measured with 2 processes on 2.28.3 and 2.28.9), row
+ * R11's table (measured with 2 processes on 2.28.3 and 2.28.9; docs/sim.md), row
  * for row through ncfsm with a 400 ms watchdog, plus two rows of the sim's
  * model for 4 processes (docs/sim.md, "R11 matching"). A rank that completes
  * gets NCFSM_OK and stays READY; a rank that hangs ends in NCFSM_ERR_TIMEOUT;

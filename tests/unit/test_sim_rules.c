@@ -1,7 +1,7 @@
 /*
  * What ncfsm prevents. Each test first drives the raw sim backend the way a
  * program using NCCL directly might (the sim reproduces NCCL 2.28's measured
- * behaviour: NCCL-RULES R2-R4), then makes the same mistake through ncfsm,
+ * behaviour: R2-R4 of docs/nccl-rules.md), then makes the same mistake through ncfsm,
  * which rejects it before the backend and keeps the communicator healthy.
  * R13: the drift limit of local ranks. R11: mismatched collectives, which
  * NCCL does not detect: the sim reproduces the measured table (some ranks
@@ -394,7 +394,7 @@ static void test_r13_blocking_launch_waits(void **state) {
 }
 
 /* ---- R11: mismatched collectives ------------------------------------------------------
- * NCCL-RULES R11, measured on 2.28.3 and 2.28.9 (2 processes, one H200 each,
+ * R11 (docs/nccl-rules.md), measured on 2.28.3 and 2.28.9 (2 processes, one H200 each,
  * nonblocking, a correct warm-up AllReduce, then one mismatched collective of
  * 1-8 floats; no async error on any rank in any row):
  *   Broadcast root 0 / AllReduce sum   rank 0 completes with its own data, rank 1 hangs
