@@ -21,6 +21,8 @@
 
 ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id *id) {
   if (!id) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_result_t st = ncfsm__backend_env_check(backend); /* NCFSM_BACKEND=bogus: refused, named */
+  if (st != NCFSM_OK) return st;
   char why[256];
   const ncfsm__backend *be = ncfsm__backend_get(backend, why, sizeof why);
   if (!be) {
@@ -41,7 +43,7 @@ static ncfsm_result_t comm_make(ncfsm_loop *loop, const ncfsm_comm_opts *opts, n
   ncfsm_result_t st = opts ? ncfsm__comm_opts_check(opts, "ncfsm_comm_new") : ncfsm_comm_opts_init(&c->opts);
   if (opts) c->opts = *opts;
   if (st == NCFSM_OK)
-    st = c->opts.sim ? ncfsm__sim_opts_check(c->opts.sim, "ncfsm_comm_new") : ncfsm__sim_opts_fill(&c->sim);
+    st = c->opts.sim ? ncfsm__sim_opts_check(c->opts.sim, "ncfsm_comm_new") : ncfsm_sim_opts_init(&c->sim);
   if (st != NCFSM_OK) {
     ncfsm__loop_error(loop, "%s", ncfsm_opts_error());
     free(c);

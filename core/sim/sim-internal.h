@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/settings.h"
 #include "core/sim/sim.h"
 
 #define SIM_MAGIC_COMM 0x53494d43u   /* "SIMC" */
@@ -325,6 +326,11 @@ extern uint64_t ncfsm__sim_fork_gen;
 /* Record a WARN as NCCL does: last-error text, stderr when NCCL_DEBUG is
  * WARN/INFO/TRACE, and an ncfsm INFO line. */
 void ncfsm__sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A process-wide setting of the sim (core/settings.def) where the sim uses
+ * it: the environment's value, or the default when unset; a refused value
+ * gives the default with a WARN (ncfsm_comm_new, and ncfsm__sim_call_opts at
+ * every init, split, shrink and grow, refused it first). No lock needed. */
+ncfsm__setting_val ncfsm__sim_setting(ncfsm__setting_id id);
 
 /* sim_shm.c */
 /* "/ncfsm-sim-<hex key>" */

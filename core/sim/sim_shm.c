@@ -40,7 +40,6 @@
 #define ALIGN SHM_ALIGN                 /* block and payload alignment */
 #define BACK_CHUNK (1u << 20)           /* posix_fallocate granularity */
 #define CHECK_NS (20ull * 1000 * 1000)  /* peer liveness check interval */
-#define DEFAULT_BYTES (256ull << 20)
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -50,19 +49,12 @@ void ncfsm__sim_shm_name(const unsigned char *key, char *buf, size_t len) {
   snprintf(buf, len, "/" SIM_SHM_PREFIX "%s", hex);
 }
 
-static uint64_t arena_bytes(void) {
-  long long v = ncfsm__env_ll("NCFSM_SIM_SHM_BYTES", (long long)DEFAULT_BYTES);
-  if (v < 65536) v = 65536;
-  return round_up((uint64_t)v, 4096);
-}
+/* NCFSM_SIM_SHM_BYTES and NCFSM_SIM_MISMATCH, read by the process that
+ * creates a clique (the init refused a bad value first: ncfsm__sim_call_opts). */
+static uint64_t arena_bytes(void) { return round_up(ncfsm__sim_setting(NCFSM__SET_SIM_SHM_BYTES).u, 4096); }
 
-/* NCFSM_SIM_MISMATCH, read by the process that creates a clique. */
 static uint32_t mismatch_mode(void) {
-  const char *v = ncfsm__env_str("NCFSM_SIM_MISMATCH", "nccl");
-  if (!strcmp(v, "nccl") || !*v) return SIM_MISMATCH_NCCL;
-  if (!strcmp(v, "hang")) return SIM_MISMATCH_HANG;
-  NCFSM_WARN(NCFSM__SUB_SIM, "sim: NCFSM_SIM_MISMATCH=%s is not nccl or hang: using nccl", v);
-  return SIM_MISMATCH_NCCL;
+  return ncfsm__sim_setting(NCFSM__SET_SIM_MISMATCH).u ? SIM_MISMATCH_HANG : SIM_MISMATCH_NCCL; /* nccl|hang */
 }
 
 /* A process that is gone (or a zombie: killed but not reaped). */
