@@ -11,8 +11,11 @@
 # CMake $ENV{NCFSM_...}. The rows read by the table itself (a field of
 # ncfsm_comm_opts, ncfsm_loop_opts, ncfsm_sim_opts or ncfsm_boot_opts) need no
 # other reader; any other row must be read by one of those patterns or by its
-# id NCFSM__SET_<key>. EXTRA: one more file scanned as C (the self-test plants
-# an unknown read there).
+# id NCFSM__SET_<key>. The library's own code (core/, fsm/) reads every
+# variable through the table (core/settings.h: an option field, or
+# ncfsm__setting_env / ncfsm__setting_get by id): a getenv or ncfsm__env_* of
+# a variable of the table there fails the check too. EXTRA: one more file
+# scanned as C (the self-test plants an unknown read there).
 cmake_minimum_required(VERSION 3.25)
 if(NOT DEFINED ROOT)
   message(FATAL_ERROR "check-settings-reads: -DROOT=<source dir> is required")
@@ -66,6 +69,7 @@ if(DEFINED EXTRA)
 endif()
 
 set(found)     # NAME@file
+set(lax "")    # reads in the library that bypass the table
 set(all_text "")
 function(scan files regex)
   foreach(path IN LISTS files)
@@ -86,6 +90,20 @@ scan("${c_files}" "(getenv|secure_getenv|ncfsm__env_[a-z_]+|env_[a-z0-9_]+)[ \t\
 scan("${py_files}" "(environ\\.get\\(|environ\\[|getenv\\()[ \t]*[\"'](NCFSM_[A-Z0-9_]+)[\"']")
 scan("${sh_files}" "\\$\\{NCFSM_[A-Z0-9_]+:?[-=]")
 scan("${cmake_files}" "\\$ENV\\{NCFSM_[A-Z0-9_]+\\}")
+
+# The library: no read around the table.
+foreach(path IN LISTS c_files)
+  file(RELATIVE_PATH rel ${ROOT} ${path})
+  if(NOT rel MATCHES "^(core|fsm)/")
+    continue()
+  endif()
+  file(READ ${path} text)
+  string(REGEX MATCHALL "(getenv|secure_getenv|ncfsm__env_[a-z_]+)[ \t\n]*\\([ \t\n]*\"(NCFSM_[A-Z0-9_]+|PMIX_RANK|NCCL_DEBUG)\"" hits "${text}")
+  foreach(h IN LISTS hits)
+    string(REGEX MATCH "\"([A-Z0-9_]+)\"" m "${h}")
+    string(APPEND lax "  ${CMAKE_MATCH_1} (${rel})\n")
+  endforeach()
+endforeach()
 
 set(unknown "")
 set(read_names)
@@ -111,7 +129,7 @@ foreach(pair IN LISTS need_reader)
   endif()
 endforeach()
 
-if(NOT unknown STREQUAL "" OR NOT unread STREQUAL "")
+if(NOT unknown STREQUAL "" OR NOT unread STREQUAL "" OR NOT lax STREQUAL "")
   set(msg "")
   if(NOT unknown STREQUAL "")
     string(APPEND msg "variables read that have no row in core/settings.def (add one: its type, default, "
@@ -120,6 +138,11 @@ if(NOT unknown STREQUAL "" OR NOT unread STREQUAL "")
   if(NOT unread STREQUAL "")
     string(APPEND msg "rows of core/settings.def that nothing reads (remove them, or read them through the "
                       "table):\n${unread}")
+  endif()
+  if(NOT lax STREQUAL "")
+    string(APPEND msg "reads in the library (core/, fsm/) around the table (read them through core/settings.h: "
+                      "an option field, or ncfsm__setting_env(NCFSM__SET_<key>); the call that leads there refuses a "
+                      "malformed value, as ncfsm_comm_new does):\n${lax}")
   endif()
   message(FATAL_ERROR "check-settings-reads: ${msg}")
 endif()

@@ -1,10 +1,10 @@
-/* Backend selection: NCFSM_BACKEND=auto|sim|nccl. */
+/* Backend selection: NCFSM_BACKEND=auto|sim|nccl|null (core/settings.def). */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "core/backend.h"
 #include "core/log.h"
+#include "core/settings.h"
 
 const char *ncfsm_backend_name(ncfsm_backend_kind_t b) {
   switch (b) {
@@ -25,14 +25,12 @@ const ncfsm__backend *ncfsm__backend_get(ncfsm_backend_kind_t kind, char *why, s
   if (!why) { why = dummy; why_len = sizeof dummy; }
   why[0] = '\0';
   if (kind == NCFSM_BACKEND_AUTO) {
-    const char *env = ncfsm__env_str("NCFSM_BACKEND", "auto");
-    if (!strcasecmp(env, "sim")) kind = NCFSM_BACKEND_SIM;
-    else if (!strcasecmp(env, "null")) return &ncfsm__backend_null;
-    else if (!strcasecmp(env, "nccl")) kind = NCFSM_BACKEND_NCCL;
-    else if (strcasecmp(env, "auto")) {
-      snprintf(why, why_len, "NCFSM_BACKEND=%s is not one of auto, sim, nccl", env);
-      return NULL;
-    }
+    /* A refused value: NULL with the settings message (ncfsm_comm_new and
+     * ncfsm_get_unique_id refuse it first: ncfsm__backend_env_check). */
+    ncfsm__setting_val v;
+    if (ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_BACKEND], &v, why, why_len) != 0) return NULL;
+    if (v.u == 3) return &ncfsm__backend_null; /* words auto|sim|nccl|null: the first three are the kinds */
+    kind = (ncfsm_backend_kind_t)v.u;
   }
   switch (kind) {
     case NCFSM_BACKEND_SIM:

@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "core/nccl_internal.h"
+#include "core/settings.h"
 
 typedef struct nccl_event {
   cudaEvent_t ev;
@@ -59,10 +60,10 @@ static void *wake_main(void *unused) {
 static int push_wake_event(void) {
   static int mode = -1;
   if (mode < 0) {
-    const char *e = getenv("NCFSM_PUSH_WAKE");
-    mode = e && !strcmp(e, "event");
-    if (e && strcmp(e, "event") && strcmp(e, "hostfn"))
-      NCFSM_WARN(NCFSM__SUB_BACKEND, "NCFSM_PUSH_WAKE=%s is not hostfn or event: hostfn", e);
+    /* hostfn|event; refused: hostfn, logged (ncfsm_comm_new refused it first) */
+    ncfsm__setting_val v;
+    ncfsm__setting_env(NCFSM__SET_PUSH_WAKE, &v);
+    mode = v.u == 1;
   }
   return mode;
 }

@@ -79,8 +79,10 @@ int ncfsm__setting_parse(const ncfsm__setting *s, const char *text, ncfsm__setti
 /* The value of s from the environment, or its default when unset or empty:
  * 0, or -1 with the message in err (*out then holds the default). */
 int ncfsm__setting_get(const ncfsm__setting *s, ncfsm__setting_val *out, char *err, size_t errlen);
-/* The same by id; a bad value is also logged (WARN) and kept as this
- * thread's options error (ncfsm_opts_error). */
+/* The same by id, for a reader that cannot fail (the sim's and the nccl
+ * backend's reads where they use a value; the calls that make their comms
+ * refused a bad value first): a bad value is logged (WARN) and *out holds
+ * the default; NCFSM_ERR_INVALID_ARGUMENT then. */
 ncfsm_result_t ncfsm__setting_env(ncfsm__setting_id id, ncfsm__setting_val *out);
 
 /* "0 = off, or 1..600000", "one of abort, stay, ...": what s accepts. */
@@ -93,16 +95,34 @@ const char *ncfsm__setting_type_name(ncfsm__setting_type t);
 /* Fill every field of the struct from the table: the environment's value,
  * else the default (option fields without a variable: the default). Each
  * bad value is logged and its default kept; the first one's message is this
- * thread's options error and the result NCFSM_ERR_INVALID_ARGUMENT. */
-ncfsm_result_t ncfsm__sim_opts_fill(ncfsm_sim_opts *o);
+ * thread's options error and the result NCFSM_ERR_INVALID_ARGUMENT. The
+ * public *_opts_init do the same for their structs, and check the rows read
+ * where they are used as ncfsm__comm_opts_check and ncfsm__sim_opts_check
+ * do. */
 ncfsm_result_t ncfsm__boot_opts_fill(ncfsm_boot_opts *o);
 
 /* Check every field of user options against the table: NCFSM_OK, or
  * NCFSM_ERR_INVALID_ARGUMENT with "<call>: ncfsm_comm_opts.on_error = 9: ..."
- * as this thread's options error. */
+ * as this thread's options error. Then the rows without a field that the
+ * options lead to, from the environment, refused as the fills refuse them:
+ * for comm options ncfsm__backend_env_check's rows; for sim options every
+ * process-wide sim row (ncfsm__settings_env_check(NCFSM__SS_SIM)). */
 ncfsm_result_t ncfsm__comm_opts_check(const ncfsm_comm_opts *o, const char *call);
 ncfsm_result_t ncfsm__loop_opts_check(const ncfsm_loop_opts *o, const char *call);
 ncfsm_result_t ncfsm__sim_opts_check(const ncfsm_sim_opts *o, const char *call);
+
+/* The rows of subsystem ss that have a variable and fill no field (read
+ * where they are used: NCFSM__SS_SIM's NCFSM_SIM_NCCL_VERSION, _WAIT_MS,
+ * _DRIFT_LIMIT, _SHM_BYTES, _MISMATCH) all parse: 0, or -1 with the first
+ * refused one's message in err. Nothing is logged. */
+int ncfsm__settings_env_check(ncfsm__subsys_id ss, char *err, size_t len);
+
+/* The settings the choice of a backend of this kind reads: NCFSM_BACKEND
+ * when kind is auto, NCFSM_PUSH_WAKE unless it is sim. NCFSM_OK, or
+ * NCFSM_ERR_INVALID_ARGUMENT with the message logged and as this thread's
+ * options error (cleared first). ncfsm_get_unique_id calls it; ncfsm_comm_new
+ * through its options (ncfsm_comm_opts_init, ncfsm__comm_opts_check). */
+ncfsm_result_t ncfsm__backend_env_check(ncfsm_backend_kind_t kind);
 
 /* Clear this thread's options error (the start of every call that sets it). */
 void ncfsm__opts_error_clear(void);

@@ -1,13 +1,16 @@
-/* The option structs from the settings table: ncfsm_comm_opts_init and
- * ncfsm_loop_opts_init, the fills of the sim's and the bootstrap's options,
- * the checks of options a user filled in, this thread's options error
- * (ncfsm_opts_error), and the environment helpers of code that does not read
- * the table yet (ncfsm__env_ll, ncfsm__env_str in core/log.h). */
+/* The option structs from the settings table: ncfsm_comm_opts_init,
+ * ncfsm_loop_opts_init, ncfsm_sim_opts_init and the bootstrap's fill, the
+ * checks of options a user filled in, the checks of the rows that are read
+ * where they are used (the backend choice, the sim's process-wide settings),
+ * this thread's options error (ncfsm_opts_error), and the environment
+ * helpers of code that does not read the table yet (ncfsm__env_ll,
+ * ncfsm__env_str in core/log.h: the bootstrap and ncfsm-store). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "core/log.h"
 #include "core/settings.h"
 
@@ -38,7 +41,9 @@ void ncfsm__opts_error_clear(void) { opts_err[0] = '\0'; }
 
 /* The first error of a call is the one kept. */
 static void opts_error(const char *msg) {
-  if (!opts_err[0]) snprintf(opts_err, sizeof opts_err, "%s", msg);
+  if (opts_err[0]) return;
+  snprintf(opts_err, sizeof opts_err, "%s", msg);
+  ncfsm__last_error_set(opts_err);
 }
 
 static unsigned log_subsys(ncfsm__subsys_id id) {
@@ -157,6 +162,52 @@ static ncfsm_result_t check(ncfsm__opts_struct st, const void *base, const char 
   return NCFSM_OK;
 }
 
+/* ---- rows read where they are used ------------------------------------------------------------- */
+
+int ncfsm__settings_env_check(ncfsm__subsys_id ss, char *err, size_t len) {
+  for (int k = 0; k < NCFSM__SET_COUNT; k++) {
+    const ncfsm__setting *s = &ncfsm__settings[k];
+    if (s->subsys != ss || !s->env || s->st != NCFSM__ST_NONE) continue;
+    ncfsm__setting_val v;
+    if (ncfsm__setting_get(s, &v, err, len) != 0) return -1;
+  }
+  return 0;
+}
+
+/* The first refused value of a call: logged, kept as its options error. */
+static ncfsm_result_t refused(ncfsm__subsys_id ss, const char *err) {
+  NCFSM_WARN(log_subsys(ss), "%s", err);
+  opts_error(err);
+  return NCFSM_ERR_INVALID_ARGUMENT;
+}
+
+static ncfsm_result_t env_rows(ncfsm__subsys_id ss) {
+  char err[400];
+  return ncfsm__settings_env_check(ss, err, sizeof err) ? refused(ss, err) : NCFSM_OK;
+}
+
+/* Both results: the first failure. */
+static ncfsm_result_t first(ncfsm_result_t a, ncfsm_result_t b) { return a != NCFSM_OK ? a : b; }
+
+static ncfsm_result_t check_row(ncfsm__setting_id id) {
+  ncfsm__setting_val v;
+  char err[400];
+  return ncfsm__setting_get(&ncfsm__settings[id], &v, err, sizeof err) ? refused(ncfsm__settings[id].subsys, err)
+                                                                       : NCFSM_OK;
+}
+
+/* NCFSM_BACKEND picks the backend of a comm whose backend is auto; the nccl
+ * backend (auto may pick it) reads NCFSM_PUSH_WAKE. */
+static ncfsm_result_t backend_rows(ncfsm_backend_kind_t kind) {
+  ncfsm_result_t r = kind == NCFSM_BACKEND_AUTO ? check_row(NCFSM__SET_BACKEND) : NCFSM_OK;
+  return kind == NCFSM_BACKEND_SIM ? r : first(r, check_row(NCFSM__SET_PUSH_WAKE));
+}
+
+ncfsm_result_t ncfsm__backend_env_check(ncfsm_backend_kind_t kind) {
+  ncfsm__opts_error_clear();
+  return backend_rows(kind);
+}
+
 /* ---- the option structs --------------------------------------------------------------------------- */
 
 /* The body of every *_opts_init: this thread's error cleared, the struct
@@ -175,7 +226,8 @@ static ncfsm_result_t init(ncfsm__opts_struct st, void *o, size_t size, const ch
 }
 
 ncfsm_result_t ncfsm_comm_opts_init(ncfsm_comm_opts *o) {
-  return init(NCFSM__ST_COMM, o, sizeof *o, "ncfsm_comm_opts_init");
+  ncfsm_result_t r = init(NCFSM__ST_COMM, o, sizeof *o, "ncfsm_comm_opts_init");
+  return o ? first(r, backend_rows(o->backend)) : r;
 }
 
 ncfsm_result_t ncfsm_loop_opts_init(ncfsm_loop_opts *o) {
@@ -186,21 +238,19 @@ ncfsm_result_t ncfsm__boot_opts_fill(ncfsm_boot_opts *o) {
   return init(NCFSM__ST_BOOT, o, sizeof *o, "ncfsm_boot_opts_init");
 }
 
-ncfsm_result_t ncfsm__sim_opts_fill(ncfsm_sim_opts *o) {
+ncfsm_result_t ncfsm_sim_opts_init(ncfsm_sim_opts *o) {
   ncfsm_result_t r = init(NCFSM__ST_SIM, o, sizeof *o, "ncfsm_sim_opts_init");
   if (!o) return r;
-  ncfsm__setting_val v;
+  ncfsm__setting_val v; /* refused: the default, and env_rows reports it */
   char err[400];
-  if (get_warn(&ncfsm__settings[NCFSM__SET_SIM_NCCL_VERSION], &v, err, sizeof err) != 0) {
-    opts_error(err);
-    r = NCFSM_ERR_INVALID_ARGUMENT;
-  }
+  ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_SIM_NCCL_VERSION], &v, err, sizeof err);
   if (v.u >= 22900) o->has_grow = 1; /* ncclCommGrow: 2.29 */
-  return r;
+  return first(r, env_rows(NCFSM__SS_SIM));
 }
 
 ncfsm_result_t ncfsm__comm_opts_check(const ncfsm_comm_opts *o, const char *call) {
-  return check(NCFSM__ST_COMM, o, call, "ncfsm_comm_opts_init");
+  ncfsm_result_t r = check(NCFSM__ST_COMM, o, call, "ncfsm_comm_opts_init");
+  return r != NCFSM_OK ? r : backend_rows(o->backend);
 }
 
 ncfsm_result_t ncfsm__loop_opts_check(const ncfsm_loop_opts *o, const char *call) {
@@ -208,7 +258,8 @@ ncfsm_result_t ncfsm__loop_opts_check(const ncfsm_loop_opts *o, const char *call
 }
 
 ncfsm_result_t ncfsm__sim_opts_check(const ncfsm_sim_opts *o, const char *call) {
-  return check(NCFSM__ST_SIM, o, call, "ncfsm_sim_opts_init");
+  ncfsm_result_t r = check(NCFSM__ST_SIM, o, call, "ncfsm_sim_opts_init");
+  return r != NCFSM_OK ? r : env_rows(NCFSM__SS_SIM);
 }
 
 /* ---- helpers of readers not on the table yet ------------------------------------------------------ */

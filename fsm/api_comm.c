@@ -35,6 +35,8 @@ static const ncfsm__backend *backend_for(const char *call, ncfsm_backend_kind_t 
 
 ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id *id) {
   if (!id) return NCFSM_ERR_INVALID_ARGUMENT;
+  ncfsm_result_t st = ncfsm__backend_env_check(backend); /* NCFSM_BACKEND=bogus: refused, named */
+  if (st != NCFSM_OK) return st;
   char msg[NCFSM__NCCL_WHY_MAX + 256];
   const ncfsm__backend *be = backend_for("ncfsm_get_unique_id", backend, msg, sizeof msg);
   if (!be) {
@@ -61,7 +63,7 @@ static ncfsm_result_t comm_make(ncfsm_loop *loop, const ncfsm_comm_opts *opts, n
   ncfsm_result_t st = opts ? ncfsm__comm_opts_check(opts, "ncfsm_comm_new") : ncfsm_comm_opts_init(&c->opts);
   if (opts) c->opts = *opts;
   if (st == NCFSM_OK)
-    st = c->opts.sim ? ncfsm__sim_opts_check(c->opts.sim, "ncfsm_comm_new") : ncfsm__sim_opts_fill(&c->sim);
+    st = c->opts.sim ? ncfsm__sim_opts_check(c->opts.sim, "ncfsm_comm_new") : ncfsm_sim_opts_init(&c->sim);
   if (st != NCFSM_OK) {
     ncfsm__loop_error(loop, "%s", ncfsm_opts_error());
     free(c);

@@ -37,7 +37,7 @@ struct ncfsm__comp {
 ncfsm_result_t ncfsm__vcomp_new(struct ncfsm__verifier *v) {
   struct ncfsm__comp *k = calloc(1, sizeof *k);
   if (!k) return NCFSM_ERR_NO_MEMORY;
-  ncfsm_sim_opts_init(&k->sim);
+  (void)ncfsm_sim_opts_init(&k->sim); /* its comm's ncfsm_comm_new refused a bad value (logged: the default) */
   k->sim.dead = v->c->sim.dead;
   k->sim.never_arrive = v->c->sim.never_arrive;
   v->comp = k;

@@ -229,10 +229,15 @@ typedef struct ncfsm_sim_opts {
                               children made from it */
 } ncfsm_sim_opts;
 
-/* Defaults, then the NCFSM_SIM_* environment (docs/settings.md). A value the
- * sim does not accept is logged and its default kept; ncfsm_comm_new with
- * opts.sim NULL refuses it (NCFSM_ERR_INVALID_ARGUMENT, ncfsm_opts_error). */
-void ncfsm_sim_opts_init(ncfsm_sim_opts *o);
+/* Defaults, then the NCFSM_SIM_* environment (docs/settings.md), as
+ * ncfsm_loop_opts_init: NCFSM_OK, or NCFSM_ERR_INVALID_ARGUMENT when a
+ * variable has a value it does not accept (NCFSM_SIM_INIT_POLLS=abc,
+ * NCFSM_SIM_SPLIT_POLLS=-1, ...): that field keeps its default, the message
+ * is logged as a WARN and ncfsm_opts_error() returns it. The process-wide
+ * variables the sim reads where it uses them (NCFSM_SIM_NCCL_VERSION,
+ * _WAIT_MS, _DRIFT_LIMIT, _SHM_BYTES, _MISMATCH) are checked the same way;
+ * ncfsm_comm_new refuses a bad one alike, with opts.sim NULL or not. */
+ncfsm_result_t ncfsm_sim_opts_init(ncfsm_sim_opts *o);
 
 /* The watchdog's default deadline (10 minutes, PyTorch's default too). */
 #define NCFSM_DEFAULT_TIMEOUT_MS 600000u

@@ -41,6 +41,11 @@ enum {
 const char *ncfsm__sim_res_name(int code);
 /* "AllReduce", ...; "op" for a kind out of range. */
 const char *ncfsm__sim_op_name(int kind);
+/* The sim options of an init-like call: *so, or the defaults and the
+ * environment (ncfsm_sim_opts_init) when so is NULL; and the process-wide
+ * settings, which must parse too. OK, or ncclInvalidArgument with the WARN
+ * "<call>: NCFSM_SIM_WAIT_MS=abc: ..." (the settings message). */
+int ncfsm__sim_call_opts(const ncfsm_sim_opts *so, ncfsm_sim_opts *o, const char *call);
 /* NCFSM_SIM_WAIT_MS (default 30000): what bounds every blocking wait. */
 long long ncfsm__sim_wait_ms(void);
 /* Now + NCFSM_SIM_WAIT_MS, in ncfsm__now_ns time. */

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "core/backend.h"
+#include "core/settings.h"
 #include "core/sim/sim.h"
 
 #define SIM_MAGIC_COMM 0x53494d43u   /* "SIMC" */
@@ -106,6 +107,7 @@ enum {
  * (address order); an allocated block holds SHM_BLK_USED there instead, so
  * that recovery can tell a live reference from a stale one. */
 #define SHM_ALIGN 64u
+static inline uint64_t shm_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 #define SHM_BLK_USED 0x5553454455534544ull /* "DESUDESU" */
 typedef struct shm_blk {
   uint64_t size; /* whole block, header included */
@@ -325,8 +327,15 @@ extern uint64_t ncfsm__sim_fork_gen;
 /* Record a WARN as NCCL does: last-error text, stderr when NCCL_DEBUG is
  * WARN/INFO/TRACE, and an ncfsm INFO line. */
 void ncfsm__sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A process-wide setting of the sim (core/settings.def) where the sim uses
+ * it: the environment's value, or the default when unset; a refused value
+ * gives the default with a WARN (ncfsm_comm_new, and ncfsm__sim_call_opts at
+ * every init, split, shrink and grow, refused it first). No lock needed. */
+ncfsm__setting_val ncfsm__sim_setting(ncfsm__setting_id id);
 
-/* sim_shm.c */
+/* sim_shm.c (segments, their mutex, peer liveness), sim_shm_arena.c (the
+ * allocator, posted ops, the commit record, the crash hook) and
+ * sim_shm_repair.c (recovery after a dead lock holder, the invariant check) */
 /* "/ncfsm-sim-<hex key>" */
 void ncfsm__sim_shm_name(const unsigned char *key, char *buf, size_t len);
 /* Attach to (or create) the clique's segment; adds it to ncfsm__sim_cliques.
@@ -340,6 +349,9 @@ void ncfsm__sim_shm_detach(sim_clique *q);
  * ranks are marked dead. -1 (after a WARN) when unrecoverable. */
 int ncfsm__sim_shm_lock(sim_clique *q);
 void ncfsm__sim_shm_unlock(sim_clique *q);
+/* Reserve the segment's pages up to byte `end` (posix_fallocate, whole
+ * MiBs, at most the segment): 0, or -1 with errno (/dev/shm is full). */
+int ncfsm__sim_shm_back(sim_clique *q, uint64_t end);
 /* Arena allocation (shm locked). 0 on failure; *nospace is set when
  * /dev/shm itself is full (posix_fallocate failed), else the arena is. */
 shm_off ncfsm__sim_shm_alloc(sim_clique *q, size_t n, int *nospace);

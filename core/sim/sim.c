@@ -3,8 +3,8 @@
  * behaviour for machines without GPUs. A test double, not NCCL: see
  * docs/sim.md for what it models and what it does not.
  *
- * This file: the process-wide state, fork handling, WARNs, the options and
- * the modelled version, cliques, a communicator's teardown helpers and the
+ * This file: the process-wide state, fork handling, WARNs, the settings
+ * (core/settings.def) and the modelled version, cliques, a communicator's teardown helpers and the
  * backend table. The communicator calls live in the files core/sim/sim-comm.h
  * lists; execution and data movement in sim_exec.c, the shared-memory
  * cliques in sim_shm.c, streams and events in sim_stream.c, types in
@@ -91,7 +91,7 @@ const char *ncfsm__sim_res_name(int code) {
 static int warn_to_stderr(void) {
   static int v = -1; /* read under the lock */
   if (v < 0) {
-    const char *e = getenv("NCCL_DEBUG");
+    const char *e = ncfsm__sim_setting(NCFSM__SET_NCCL_DEBUG).s; /* NCCL's variable: any text */
     v = e && (!strcasecmp(e, "WARN") || !strcasecmp(e, "INFO") || !strcasecmp(e, "TRACE"));
   }
   return v;
@@ -106,7 +106,7 @@ void ncfsm__sim_warn(const char *fmt, ...) {
   NCFSM_INFO(NCFSM__SUB_SIM, "sim: NCCL WARN %s", g_last_error);
 }
 
-long long ncfsm__sim_wait_ms(void) { return ncfsm__env_ll("NCFSM_SIM_WAIT_MS", 30000); }
+long long ncfsm__sim_wait_ms(void) { return (long long)ncfsm__sim_setting(NCFSM__SET_SIM_WAIT_MS).u; }
 
 uint64_t ncfsm__sim_deadline(void) { return ncfsm__now_ns() + (uint64_t)ncfsm__sim_wait_ms() * 1000000ull; }
 
@@ -130,29 +130,30 @@ int ncfsm__sim_random_key(unsigned char *key) {
   return 0;
 }
 
-/* ---- options ---------------------------------------------------------------- */
+/* ---- settings (core/settings.def) -------------------------------------------- */
 
-void ncfsm_sim_opts_init(ncfsm_sim_opts *o) {
-  if (!o) return;
-  memset(o, 0, sizeof *o);
-  o->init_polls = (int)ncfsm__env_ll("NCFSM_SIM_INIT_POLLS", 3);
-  o->launch_polls = (int)ncfsm__env_ll("NCFSM_SIM_LAUNCH_POLLS", 1);
-  o->finalize_polls = (int)ncfsm__env_ll("NCFSM_SIM_FINALIZE_POLLS", 2);
-  o->revoke_polls = 1;
-  o->group_end_inprogress = (int)ncfsm__env_ll("NCFSM_SIM_GROUP_END_INPROGRESS", 1);
-  o->fail_init = 0;
-  o->async_error_at_op = -1;
-  o->async_error_code = E_REMOTE;
-  o->never_arrive = 0;
-  o->shuffle_seed = (uint64_t)ncfsm__env_ll("NCFSM_SIM_SEED", 1);
-  o->has_revoke = 1;
-  o->split_polls = (int)ncfsm__env_ll("NCFSM_SIM_SPLIT_POLLS", 2);
-  o->has_grow = ncfsm__env_ll("NCFSM_SIM_NCCL_VERSION", 22809) >= 22900; /* ncclCommGrow: 2.29 */
-  o->dead = 0;
+ncfsm__setting_val ncfsm__sim_setting(ncfsm__setting_id id) {
+  ncfsm__setting_val v;
+  ncfsm__setting_env(id, &v); /* refused: the default, logged */
+  return v;
+}
+
+int ncfsm__sim_call_opts(const ncfsm_sim_opts *so, ncfsm_sim_opts *o, const char *call) {
+  char err[512];
+  if (so) {
+    *o = *so;
+    if (ncfsm__settings_env_check(NCFSM__SS_SIM, err, sizeof err) == 0) return OK;
+  } else if (ncfsm_sim_opts_init(o) == NCFSM_OK) {
+    return OK;
+  } else {
+    snprintf(err, sizeof err, "%s", ncfsm_opts_error());
+  }
+  ncfsm__sim_warn("%s: %s", call, err);
+  return E_ARG;
 }
 
 /* The modelled NCCL version, process-wide (NCFSM_SIM_NCCL_VERSION, default 2.28.9). */
-int ncfsm__sim_version(void) { return (int)ncfsm__env_ll("NCFSM_SIM_NCCL_VERSION", 22809); }
+int ncfsm__sim_version(void) { return (int)ncfsm__sim_setting(NCFSM__SET_SIM_NCCL_VERSION).u; }
 
 static unsigned sim_features(void) {
   int v = ncfsm__sim_version();

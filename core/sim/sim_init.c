@@ -33,8 +33,8 @@ int ncfsm__sim_comm_make(sim_comm **out, int nranks, const unsigned char *key, i
   ncfsm__sim_atfork_once();
 
   ncfsm_sim_opts o;
-  if (so) o = *so;
-  else ncfsm_sim_opts_init(&o);
+  int orc = ncfsm__sim_call_opts(so, &o, call);
+  if (orc != OK) return orc;
 
   sim_comm *c = calloc(1, sizeof *c);
   if (c) {
@@ -92,7 +92,7 @@ int ncfsm__sim_comm_make(sim_comm **out, int nranks, const unsigned char *key, i
   c->blocking = blocking ? 1 : 0;
   c->device = device;
   c->o = o;
-  c->drift_limit = ncfsm__env_ll("NCFSM_SIM_DRIFT_LIMIT", 1022); /* R13 */
+  c->drift_limit = ncfsm__sim_setting(NCFSM__SET_SIM_DRIFT_LIMIT).i; /* R13 */
   c->pid = (int)getpid();
   c->fork_gen = ncfsm__sim_fork_gen;
   snprintf(c->name, sizeof c->name, "%s", name ? name : "");

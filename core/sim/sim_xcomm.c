@@ -100,15 +100,15 @@ static int xcomm_admit(sim_comm *c, int kind, int flags) {
   return OK;
 }
 
-static sim_xop *xop_new(const sim_comm *c, int kind, void **child, const ncfsm__comm_config *cfg) {
+static sim_xop *xop_new(const sim_comm *c, int kind, void **child, const ncfsm__comm_config *cfg,
+                        const ncfsm_sim_opts *o) {
   sim_xop *x = calloc(1, sizeof *x);
   if (!x) return NULL;
   x->kind = kind;
   x->child_out = child;
   x->blocking = cfg->blocking ? 1 : 0;
   x->device = cfg->device;
-  if (cfg->sim) x->o = *cfg->sim;
-  else ncfsm_sim_opts_init(&x->o);
+  x->o = *o;
   if (c->o.dead) x->o.dead = 1; /* a dead process's children are dead too */
   snprintf(x->name, sizeof x->name, "%s", cfg->name ? cfg->name : "");
   return x;
@@ -254,8 +254,10 @@ static int x_call(int kind, void *parent, void **child, const ncfsm__comm_config
     if (!rc) rc = xcomm_admit(c, kind, a->flags);
     if (!rc) rc = x_args_check(c, kind, child, cfg, a, ex);
     if (!rc) rc = ncfsm__sim_group_mode_check(c->blocking); /* R3 */
+    ncfsm_sim_opts o;
+    if (!rc) rc = ncfsm__sim_call_opts(cfg->sim, &o, ncfsm__sim_xcall[kind]);
     if (!rc) {
-      sim_xop *x = xop_new(c, kind, child, cfg);
+      sim_xop *x = xop_new(c, kind, child, cfg, &o);
       if (!x) {
         ncfsm__sim_warn("%s: out of memory", ncfsm__sim_xcall[kind]);
         rc = E_SYSTEM;
@@ -333,8 +335,8 @@ static int grow_join(int nranks, const ncfsm_unique_id *id, int rank, void **chi
     return E_ARG;
   }
   ncfsm_sim_opts o;
-  if (cfg->sim) o = *cfg->sim;
-  else ncfsm_sim_opts_init(&o);
+  int rc = ncfsm__sim_call_opts(cfg->sim, &o, "ncclCommGrow");
+  if (rc != OK) return rc;
   if (!ncfsm__sim_grow_ok(&o)) {
     ncfsm__sim_warn(GROW_WARN, ncfsm__sim_version());
     return E_USAGE;
@@ -360,7 +362,7 @@ static int grow_join(int nranks, const ncfsm_unique_id *id, int rank, void **chi
     ncfsm__sim_warn("ncclCommGrow : this unique id was already used by a completed grow (ids are single-use)");
     return E_ARG;
   }
-  int rc = ncfsm__sim_comm_create(out, nranks, key, rank, cfg, "ncclCommGrow");
+  rc = ncfsm__sim_comm_create(out, nranks, key, rank, cfg, "ncclCommGrow");
   if (rc) return rc;
   ncfsm__sim_grow_mark(key);
   return OK;

@@ -503,7 +503,10 @@ int avg_start(struct event_base *base, const avg_opts *o, avg_service **out) {
     co.on_state_arg = s;
   }
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  if (ncfsm_sim_opts_init(&so) != NCFSM_OK) {
+    fprintf(stderr, "06_service: %s\n", ncfsm_opts_error());
+    return -1;
+  }
   so.async_error_at_op = o->sim_async_error_at;
   co.sim = &so;
   if (launched) {

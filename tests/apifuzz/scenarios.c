@@ -25,7 +25,7 @@ static fz_clique *ready_clique(fz_loop *l, int n, uint64_t timeout_ms, ncfsm_err
   o.on_state = fz_state_cb;
   ncfsm_sim_opts so[FZ_MAX_RANKS];
   for (int r = 0; r < n; r++) {
-    ncfsm_sim_opts_init(&so[r]);
+    if (ncfsm_sim_opts_init(&so[r]) != NCFSM_OK) fz_violation("ncfsm_sim_opts_init: %s", ncfsm_opts_error());
     so[r].init_polls = 0;
     so[r].launch_polls = 0;
     so[r].finalize_polls = 0;
@@ -221,7 +221,7 @@ static void sc_stats_during_abort(void) {
   o.timeout_ms = 0;
   o.on_error = NCFSM_ON_ERROR_ABORT;
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  if (ncfsm_sim_opts_init(&so) != NCFSM_OK) fz_violation("ncfsm_sim_opts_init: %s", ncfsm_opts_error());
   so.init_polls = so.launch_polls = 0;
   so.async_error_at_op = 0;
   uint64_t reads = 0;

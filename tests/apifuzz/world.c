@@ -177,7 +177,7 @@ fz_loop *fz_loop_open_opts(int idx, int embedded, const ncfsm_loop_opts *given) 
 
 /* ---- cliques ---------------------------------------------------------------------------- */
 static void random_sim_opts(ncfsm_sim_opts *so) {
-  ncfsm_sim_opts_init(so);
+  if (ncfsm_sim_opts_init(so) != NCFSM_OK) fz_violation("ncfsm_sim_opts_init: %s", ncfsm_opts_error());
   so->init_polls = fz_range(0, 3);
   so->launch_polls = fz_range(0, 2);
   so->finalize_polls = fz_range(0, 2);

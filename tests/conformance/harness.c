@@ -119,7 +119,10 @@ int main(int argc, char **argv) {
   x.features = x.be->features();
   x.timeout_ms = x.is_sim ? 5000 : 15000;
   ncfsm_sim_opts base_so;
-  ncfsm_sim_opts_init(&base_so);
+  if (ncfsm_sim_opts_init(&base_so) != NCFSM_OK) {
+    fprintf(stderr, "ncfsm_sim_opts_init: %s\n", ncfsm_opts_error());
+    return 2;
+  }
   const char *env_v = getenv("NCFSM_SIM_NCCL_VERSION");
   char *saved_env = env_v ? strdup(env_v) : NULL;
 

@@ -645,7 +645,7 @@ static void test_sim_opts(void **state) {
   (void)state;
   ncfsm_test *t = begin("opts", 15);
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_OK);
   so.has_revoke = 0;
   assert_int_equal(ncfsm_test_set_sim_opts(t, "old", -1, &so), NCFSM_OK);
   world w;

@@ -111,7 +111,10 @@ static void *rank_main(void *arg) {
   bo.rank = r->rank;
   bo.size = g_nranks;
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  if (ncfsm_sim_opts_init(&so) != NCFSM_OK) {
+    r->error = "ncfsm_sim_opts_init";
+    return NULL;
+  }
   ncfsm_comm_opts o;
   ncfsm_comm_opts_init(&o);
   o.backend = NCFSM_BACKEND_SIM;

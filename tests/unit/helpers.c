@@ -18,7 +18,7 @@ void trace_record(const ncfsm_trace_rec *r, void *arg) {
 }
 
 void test_sim_opts(ncfsm_sim_opts *so) {
-  ncfsm_sim_opts_init(so);
+  assert_int_equal(ncfsm_sim_opts_init(so), NCFSM_OK);
   so->init_polls = 1;
   so->launch_polls = 1;
   so->finalize_polls = 1;

@@ -33,7 +33,7 @@ int main(void) {
     FAIL("PMIx bootstrap: %s (run under mpirun)", ncfsm_boot_open_error());
   int rank = ncfsm_boot_rank(boot), n = ncfsm_boot_size(boot);
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  if (ncfsm_sim_opts_init(&so) != NCFSM_OK) FAIL("ncfsm_sim_opts_init: %s", ncfsm_opts_error());
   ncfsm_comm_opts o;
   ncfsm_comm_opts_init(&o);
   o.backend = NCFSM_BACKEND_SIM;

@@ -166,7 +166,7 @@ static void run(mode m) {
   ncfsm_loop *loop;
   assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_OK);
   so.init_polls = 1;
   so.launch_polls = 1;
   so.finalize_polls = 1;

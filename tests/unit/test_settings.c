@@ -1,8 +1,10 @@
 /* The settings table (core/settings.def) and its strict parser: every row
  * accepts its documented values and refuses malformed ones (driven by the
  * table itself), the option structs come from it and agree with the code
- * that does not read it yet, options from the caller are checked, and the
- * misconfigurations measured in issue 23 are refused by name. */
+ * that does not read it yet, options from the caller are checked, the
+ * misconfigurations measured in issue 23 are refused by name, and each row
+ * of the sim and of the backend choice is refused at the calls that read it
+ * and has its default when unset, where the sim and the backend use it. */
 #include <event2/event.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include "bootstrap/tcp-internal.h"
 #include "core/log.h"
 #include "core/settings.h"
+#include "core/sim/sim-comm.h"
 #include "helpers.h"
 #include "ncfsm/bootstrap.h"
 
@@ -241,19 +244,23 @@ static void test_fields_fit(void **state) {
   }
 }
 
-/* The defaults of the table are those of the code: the public constant, and
- * the sim's, the bootstrap's and the store's own initialisers (which do not
- * read the table yet). */
+/* The defaults of the table are those of the code: the public constant, the
+ * sim's documented defaults (docs/sim.md), and the bootstrap's and the
+ * store's own initialisers (which do not read the table yet). */
 static void test_defaults_agree(void **state) {
   (void)state;
   char b[32];
   snprintf(b, sizeof b, "%u", NCFSM_DEFAULT_TIMEOUT_MS);
   assert_string_equal(row(NCFSM__SET_TIMEOUT_MS)->dflt, b);
 
-  ncfsm_sim_opts a, t;
-  ncfsm_sim_opts_init(&a);
-  assert_int_equal(ncfsm__sim_opts_fill(&t), NCFSM_OK);
-  assert_memory_equal(&a, &t, sizeof a);
+  ncfsm_sim_opts a;
+  assert_int_equal(ncfsm_sim_opts_init(&a), NCFSM_OK);
+  assert_string_equal(ncfsm_opts_error(), "");
+  const ncfsm_sim_opts doc = {.init_polls = 3, .launch_polls = 1, .finalize_polls = 2, .revoke_polls = 1,
+                              .group_end_inprogress = 1, .fail_init = 0, .async_error_at_op = -1,
+                              .async_error_code = 6, .never_arrive = 0, .shuffle_seed = 1, .has_revoke = 1,
+                              .split_polls = 2, .has_grow = 0, .dead = 0};
+  assert_memory_equal(&a, &doc, sizeof a);
 
   ncfsm_boot_opts ba, bt;
   ncfsm_boot_opts_init(&ba);
@@ -471,7 +478,7 @@ static void test_user_opts_checked(void **state) {
     assert_string_equal(ncfsm_loop_last_error(loop), ncfsm_opts_error());
   }
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_OK);
   so.launch_polls = -2;
   assert_int_equal(ncfsm_comm_opts_init(&o), NCFSM_OK);
   o.backend = NCFSM_BACKEND_SIM;
@@ -486,21 +493,280 @@ static void test_user_opts_checked(void **state) {
   assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
 }
 
-/* The sim's fill: NCFSM_SIM_* and the version's has_grow. */
+/* ncfsm_sim_opts_init: NCFSM_SIM_* and the version's has_grow. */
 static void test_sim_fill(void **state) {
   (void)state;
   ncfsm_sim_opts so;
   setenv("NCFSM_SIM_NCCL_VERSION", "22900", 1);
   setenv("NCFSM_SIM_SEED", "0xffffffffffffffff", 1);
-  assert_int_equal(ncfsm__sim_opts_fill(&so), NCFSM_OK);
+  assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_OK);
   assert_int_equal(so.has_grow, 1);
   assert_true(so.shuffle_seed == UINT64_MAX);
   setenv("NCFSM_SIM_NCCL_VERSION", "2.29.0", 1);
-  assert_int_equal(ncfsm__sim_opts_fill(&so), NCFSM_ERR_INVALID_ARGUMENT);
-  assert_non_null(strstr(ncfsm_opts_error(), "NCFSM_SIM_NCCL_VERSION=2.29.0: not a whole number (accepted: 20000..99999)"));
+  assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ncfsm_opts_error(), "NCFSM_SIM_NCCL_VERSION=2.29.0: not a whole number (accepted: 21400..23299)"));
   assert_int_equal(so.has_grow, 0);
   unsetenv("NCFSM_SIM_NCCL_VERSION");
   unsetenv("NCFSM_SIM_SEED");
+  assert_int_equal(ncfsm_sim_opts_init(NULL), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_opts_error(), "ncfsm_sim_opts_init: o is NULL");
+}
+
+/* ---- each row of the sim and of the backend choice -------------------------------------------- */
+
+typedef struct bad_case {
+  ncfsm__setting_id id;
+  const char *bad, *msg; /* a malformed value and its whole message */
+} bad_case;
+
+#define MSG(var, val, why, acc, ex) var "=" val ": " why " (accepted: " acc "); unset it or set e.g. " var "=" ex
+
+static const bad_case sim_bad[] = {
+    {NCFSM__SET_SIM_INIT_POLLS, "abc", MSG("NCFSM_SIM_INIT_POLLS", "abc", "not an integer", "0..2147483647", "3")},
+    {NCFSM__SET_SIM_INIT_POLLS, "-1", MSG("NCFSM_SIM_INIT_POLLS", "-1", "out of range", "0..2147483647", "3")},
+    {NCFSM__SET_SIM_LAUNCH_POLLS, "-3", MSG("NCFSM_SIM_LAUNCH_POLLS", "-3", "out of range", "0..2147483647", "1")},
+    {NCFSM__SET_SIM_FINALIZE_POLLS, "2x", MSG("NCFSM_SIM_FINALIZE_POLLS", "2x", "not an integer", "0..2147483647", "2")},
+    {NCFSM__SET_SIM_GROUP_END_INPROGRESS, "yes",
+     MSG("NCFSM_SIM_GROUP_END_INPROGRESS", "yes", "not 0 or 1", "0 or 1", "1")},
+    {NCFSM__SET_SIM_SEED, "-1", MSG("NCFSM_SIM_SEED", "-1", "not a whole number", "0..18446744073709551615", "1")},
+    {NCFSM__SET_SIM_SPLIT_POLLS, "-2", MSG("NCFSM_SIM_SPLIT_POLLS", "-2", "out of range", "0..2147483647", "2")},
+    {NCFSM__SET_SIM_NCCL_VERSION, "2.28.9",
+     MSG("NCFSM_SIM_NCCL_VERSION", "2.28.9", "not a whole number", "21400..23299", "22809")},
+    {NCFSM__SET_SIM_NCCL_VERSION, "21399", MSG("NCFSM_SIM_NCCL_VERSION", "21399", "out of range", "21400..23299", "22809")},
+    {NCFSM__SET_SIM_NCCL_VERSION, "23300", MSG("NCFSM_SIM_NCCL_VERSION", "23300", "out of range", "21400..23299", "22809")},
+    {NCFSM__SET_SIM_WAIT_MS, "0", MSG("NCFSM_SIM_WAIT_MS", "0", "out of range", "1..86400000", "30000")},
+    {NCFSM__SET_SIM_WAIT_MS, "30s", MSG("NCFSM_SIM_WAIT_MS", "30s", "not a duration in ms", "1..86400000", "30000")},
+    {NCFSM__SET_SIM_DRIFT_LIMIT, "-1",
+     MSG("NCFSM_SIM_DRIFT_LIMIT", "-1", "out of range", "0 = off, or 1..2147483647", "1022")},
+    {NCFSM__SET_SIM_SHM_BYTES, "1000",
+     MSG("NCFSM_SIM_SHM_BYTES", "1000", "out of range", "65536..68719476736", "268435456")},
+    {NCFSM__SET_SIM_SHM_BYTES, "256M",
+     MSG("NCFSM_SIM_SHM_BYTES", "256M", "not a size in bytes", "65536..68719476736", "268435456")},
+    {NCFSM__SET_SIM_MISMATCH, "crash",
+     MSG("NCFSM_SIM_MISMATCH", "crash", "not an accepted word", "one of nccl, hang", "nccl")},
+};
+
+/* Each sim row with a variable is in the cases above. */
+static void test_sim_rows_covered(void **state) {
+  (void)state;
+  for (int i = 0; i < NCFSM__SET_COUNT; i++) {
+    const ncfsm__setting *s = &ncfsm__settings[i];
+    if (s->subsys != NCFSM__SS_SIM || s->src != NCFSM__SRC_ENV) continue;
+    int found = 0;
+    for (size_t k = 0; k < sizeof sim_bad / sizeof sim_bad[0]; k++) found |= sim_bad[k].id == (ncfsm__setting_id)i;
+    if (!found) fail_msg("%s has no case in sim_bad", s->env);
+  }
+}
+
+/* A malformed value: ncfsm_sim_opts_init refuses it with the message and
+ * every field keeps its default; ncfsm_comm_new refuses it (the loop's last
+ * error is the message), and so does the sim's own init (ncclInvalidArgument,
+ * the message as its WARN), with no sim options, and for the rows read where
+ * the sim uses them also with the caller's (which hold the fields); unset
+ * again, everything is accepted. */
+static void test_sim_rows_refused(void **state) {
+  (void)state;
+  ncfsm_sim_opts dflt, so, user;
+  assert_int_equal(ncfsm_sim_opts_init(&dflt), NCFSM_OK);
+  assert_int_equal(ncfsm_sim_opts_init(&user), NCFSM_OK);
+  ncfsm_loop *loop = NULL;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_comm_opts o;
+  assert_int_equal(ncfsm_comm_opts_init(&o), NCFSM_OK);
+  o.backend = NCFSM_BACKEND_SIM;
+  for (size_t k = 0; k < sizeof sim_bad / sizeof sim_bad[0]; k++) {
+    const bad_case *b = &sim_bad[k];
+    const char *var = ncfsm__settings[b->id].env;
+    int process_wide = ncfsm__settings[b->id].st == NCFSM__ST_NONE;
+    setenv(var, b->bad, 1);
+    memset(&so, 0x5a, sizeof so);
+    assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_ERR_INVALID_ARGUMENT);
+    assert_string_equal(ncfsm_opts_error(), b->msg);
+    if (memcmp(&so, &dflt, sizeof so)) fail_msg("%s=%s: a field lost its default", var, b->bad);
+    for (int with_sim = 0; with_sim <= process_wide; with_sim++) {
+      ncfsm_comm *c = NULL;
+      o.sim = with_sim ? &user : NULL;
+      if (ncfsm_comm_new(loop, &o, &c) != NCFSM_ERR_INVALID_ARGUMENT)
+        fail_msg("%s=%s: ncfsm_comm_new with opts.sim %s accepted it", var, b->bad, with_sim ? "set" : "NULL");
+      assert_null(c);
+      assert_string_equal(ncfsm_opts_error(), b->msg);
+      assert_string_equal(ncfsm_loop_last_error(loop), b->msg);
+
+      ncfsm_unique_id id;
+      assert_int_equal(ncfsm__backend_sim.get_unique_id(&id), OK);
+      ncfsm__comm_config cfg = {1, 0, with_sim ? &user : NULL, "bad"};
+      void *bc = (void *)&cfg;
+      assert_int_equal(ncfsm__backend_sim.comm_init(&bc, 1, &id, 0, &cfg), E_ARG);
+      assert_null(bc);
+      char want[600];
+      snprintf(want, sizeof want, "ncclCommInitRank: %s", b->msg);
+      assert_string_equal(ncfsm__backend_sim.last_error(NULL), want);
+    }
+    if (!process_wide) { /* the caller's fields: the variable is not read */
+      ncfsm_comm *c = NULL;
+      o.sim = &user;
+      assert_int_equal(ncfsm_comm_new(loop, &o, &c), NCFSM_OK);
+      ncfsm_comm_release(c);
+    }
+    unsetenv(var);
+    assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_OK);
+    assert_memory_equal(&so, &dflt, sizeof so);
+  }
+  ncfsm_comm *c = NULL;
+  o.sim = NULL;
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c), NCFSM_OK);
+  assert_string_equal(ncfsm_opts_error(), "");
+  ncfsm_comm_release(c);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+}
+
+/* A blocking one-rank raw sim comm. */
+static void *raw_comm(ncfsm__comm_config *cfg) {
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm__backend_sim.get_unique_id(&id), OK);
+  void *bc = NULL;
+  assert_int_equal(ncfsm__backend_sim.comm_init(&bc, 1, &id, 0, cfg), OK);
+  assert_non_null(bc);
+  return bc;
+}
+
+/* The process-wide rows where the sim uses them: unset, their defaults;
+ * set, their values; refused there (the environment changed after the
+ * calls above checked it), the default; and a split made after the change
+ * is refused. */
+static void test_sim_process_rows(void **state) {
+  (void)state;
+  ncfsm_sim_opts so;
+  assert_int_equal(ncfsm_sim_opts_init(&so), NCFSM_OK);
+  ncfsm__comm_config cfg = {1, 0, &so, "rows"};
+  assert_int_equal(ncfsm__sim_wait_ms(), 30000);
+  assert_int_equal(ncfsm__sim_version(), 22809);
+  assert_int_equal(ncfsm__backend_sim.version(), 22809);
+  assert_true(ncfsm__backend_sim.features() & NCFSM__HAS_REVOKE);
+  sim_comm *c = raw_comm(&cfg);
+  assert_int_equal(c->drift_limit, 1022);
+  assert_int_equal(c->q->h->arena_len, 268435456);
+  assert_int_equal(c->q->h->mismatch, SIM_MISMATCH_NCCL);
+
+  setenv("NCFSM_SIM_WAIT_MS", "200", 1);
+  setenv("NCFSM_SIM_NCCL_VERSION", "22803", 1);
+  setenv("NCFSM_SIM_DRIFT_LIMIT", "0", 1);
+  setenv("NCFSM_SIM_SHM_BYTES", "65537", 1);
+  setenv("NCFSM_SIM_MISMATCH", "HANG", 1);
+  assert_int_equal(ncfsm__sim_wait_ms(), 200);
+  assert_int_equal(ncfsm__backend_sim.version(), 22803);
+  assert_false(ncfsm__backend_sim.features() & NCFSM__HAS_REVOKE);
+  sim_comm *d = raw_comm(&cfg);
+  assert_int_equal(d->drift_limit, 0);
+  assert_int_equal(d->q->h->arena_len, 69632); /* rounded up to 4096 */
+  assert_int_equal(d->q->h->mismatch, SIM_MISMATCH_HANG);
+  assert_int_equal(ncfsm__backend_sim.abort(d), OK);
+
+  setenv("NCFSM_SIM_WAIT_MS", "-1", 1);
+  setenv("NCFSM_SIM_NCCL_VERSION", "lots", 1);
+  assert_int_equal(ncfsm__sim_wait_ms(), 30000);
+  assert_int_equal(ncfsm__backend_sim.version(), 22809);
+  void *child = &cfg;
+  assert_int_equal(ncfsm__backend_sim.comm_split(c, 0, 0, &child, &cfg), E_ARG);
+  assert_null(child);
+  assert_string_equal(ncfsm__backend_sim.last_error(NULL), /* the first refused row of the table */
+                      "ncclCommSplit: " MSG("NCFSM_SIM_NCCL_VERSION", "lots", "not a whole number", "21400..23299", "22809"));
+  for (int i = 0; i < NCFSM__SET_COUNT; i++)
+    if (ncfsm__settings[i].subsys == NCFSM__SS_SIM && ncfsm__settings[i].env) unsetenv(ncfsm__settings[i].env);
+  assert_int_equal(ncfsm__backend_sim.comm_split(c, 0, 0, &child, &cfg), OK);
+  assert_non_null(child);
+  assert_int_equal(ncfsm__backend_sim.abort(child), OK);
+  assert_int_equal(ncfsm__backend_sim.abort(c), OK);
+}
+
+#define BACKEND_MSG                                                                                          \
+  MSG("NCFSM_BACKEND", "bogus", "not an accepted word", "one of auto, sim, nccl, null", "auto")
+#define PUSH_WAKE_MSG MSG("NCFSM_PUSH_WAKE", "poll", "not an accepted word", "one of hostfn, event", "hostfn")
+
+/* NCFSM_BACKEND: unset, auto; each word picks its backend; a malformed value
+ * is refused by the calls that choose a backend of kind auto, and by none
+ * that names its backend. */
+static void test_backend_row(void **state) {
+  (void)state;
+  char why[256];
+  const ncfsm__backend *dflt = ncfsm__backend_get(NCFSM_BACKEND_AUTO, why, sizeof why);
+  assert_non_null(dflt);
+  setenv("NCFSM_BACKEND", "auto", 1);
+  assert_ptr_equal(ncfsm__backend_get(NCFSM_BACKEND_AUTO, why, sizeof why), dflt);
+  setenv("NCFSM_BACKEND", "Sim", 1);
+  assert_ptr_equal(ncfsm__backend_get(NCFSM_BACKEND_AUTO, why, sizeof why), &ncfsm__backend_sim);
+  setenv("NCFSM_BACKEND", "null", 1);
+  assert_ptr_equal(ncfsm__backend_get(NCFSM_BACKEND_AUTO, why, sizeof why), &ncfsm__backend_null);
+
+  setenv("NCFSM_BACKEND", "bogus", 1);
+  assert_null(ncfsm__backend_get(NCFSM_BACKEND_AUTO, why, sizeof why));
+  assert_string_equal(why, BACKEND_MSG);
+  assert_ptr_equal(ncfsm__backend_get(NCFSM_BACKEND_SIM, why, sizeof why), &ncfsm__backend_sim);
+  ncfsm_backend_info bi;
+  assert_int_equal(ncfsm_backend_query(NCFSM_BACKEND_AUTO, &bi), NCFSM_ERR_UNSUPPORTED);
+  assert_string_equal(bi.why, BACKEND_MSG);
+  ncfsm_comm_opts o;
+  assert_int_equal(ncfsm_comm_opts_init(&o), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_opts_error(), BACKEND_MSG);
+  assert_int_equal(o.backend, NCFSM_BACKEND_AUTO);
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_AUTO, &id), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_opts_error(), BACKEND_MSG);
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
+  ncfsm_loop *loop = NULL;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_comm *c = NULL;
+  assert_int_equal(ncfsm_comm_new(loop, NULL, &c), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_null(c);
+  assert_string_equal(ncfsm_loop_last_error(loop), BACKEND_MSG);
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_opts_error(), BACKEND_MSG);
+  assert_string_equal(ncfsm_loop_last_error(loop), BACKEND_MSG);
+  o.backend = NCFSM_BACKEND_SIM; /* named: NCFSM_BACKEND is not read */
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c), NCFSM_OK);
+  assert_string_equal(ncfsm_opts_error(), "");
+  ncfsm_comm_release(c);
+  unsetenv("NCFSM_BACKEND");
+  o.backend = NCFSM_BACKEND_AUTO;
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c), NCFSM_OK);
+  ncfsm_comm_release(c);
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_AUTO, &id), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+}
+
+/* NCFSM_PUSH_WAKE: unset, hostfn (the nccl backend's value); a malformed
+ * value is refused by the calls that may choose the nccl backend, and gives
+ * hostfn where the backend reads it. */
+static void test_push_wake_row(void **state) {
+  (void)state;
+  ncfsm__setting_val v;
+  assert_int_equal(ncfsm__setting_env(NCFSM__SET_PUSH_WAKE, &v), NCFSM_OK);
+  assert_int_equal(v.u, 0); /* hostfn */
+  setenv("NCFSM_PUSH_WAKE", "EVENT", 1);
+  assert_int_equal(ncfsm__setting_env(NCFSM__SET_PUSH_WAKE, &v), NCFSM_OK);
+  assert_int_equal(v.u, 1);
+  setenv("NCFSM_PUSH_WAKE", "poll", 1);
+  assert_int_equal(ncfsm__setting_env(NCFSM__SET_PUSH_WAKE, &v), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(v.u, 0);
+  ncfsm_comm_opts o;
+  assert_int_equal(ncfsm_comm_opts_init(&o), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_opts_error(), PUSH_WAKE_MSG);
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_AUTO, &id), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_opts_error(), PUSH_WAKE_MSG);
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_NCCL, &id), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
+  ncfsm_loop *loop = NULL;
+  assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
+  ncfsm_comm *c = NULL;
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_string_equal(ncfsm_loop_last_error(loop), PUSH_WAKE_MSG);
+  o.backend = NCFSM_BACKEND_SIM;
+  assert_int_equal(ncfsm_comm_new(loop, &o, &c), NCFSM_OK);
+  ncfsm_comm_release(c);
+  unsetenv("NCFSM_PUSH_WAKE");
+  assert_int_equal(ncfsm_comm_opts_init(&o), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
 }
 
 /* The helpers of readers not on the table yet: a refused number falls back
@@ -518,9 +784,9 @@ static void test_legacy_helpers(void **state) {
   setenv("NCFSM_STORE_ADDR", "", 1);
   assert_null(ncfsm__env_str("NCFSM_STORE_ADDR", NULL));
   unsetenv("NCFSM_STORE_ADDR");
-  setenv("NCFSM_SIM_SEED", "0xffffffffffffffff", 1);
-  assert_true((uint64_t)ncfsm__env_ll("NCFSM_SIM_SEED", 1) == UINT64_MAX);
-  unsetenv("NCFSM_SIM_SEED");
+  setenv("NCFSM_STORE_MAX_BYTES", "0xffffffffffffffff", 1);
+  assert_true((uint64_t)ncfsm__env_ll("NCFSM_STORE_MAX_BYTES", 1) == UINT64_MAX);
+  unsetenv("NCFSM_STORE_MAX_BYTES");
 }
 
 /* What ncfsm-info and the docs show. */
@@ -560,6 +826,11 @@ int main(void) {
       cmocka_unit_test_setup(test_calls_refuse_bad_env, clean_env),
       cmocka_unit_test_setup(test_user_opts_checked, clean_env),
       cmocka_unit_test_setup(test_sim_fill, clean_env),
+      cmocka_unit_test_setup(test_sim_rows_covered, clean_env),
+      cmocka_unit_test_setup(test_sim_rows_refused, clean_env),
+      cmocka_unit_test_setup(test_sim_process_rows, clean_env),
+      cmocka_unit_test_setup(test_backend_row, clean_env),
+      cmocka_unit_test_setup(test_push_wake_row, clean_env),
       cmocka_unit_test_setup(test_legacy_helpers, clean_env),
       cmocka_unit_test_setup(test_format_and_accepted, clean_env),
   };

@@ -154,8 +154,12 @@ static int close_comm(ctx *x) {
   return ok ? 0 : 1;
 }
 
+/* Children have no cmocka: a refused NCFSM_SIM_* value ends the process, named. */
 static void quiet_opts(ncfsm_sim_opts *so) {
-  ncfsm_sim_opts_init(so);
+  if (ncfsm_sim_opts_init(so) != NCFSM_OK) {
+    fprintf(stderr, "ncfsm_sim_opts_init: %s\n", ncfsm_opts_error());
+    _exit(1);
+  }
   so->init_polls = 1;
   so->launch_polls = 1;
   so->finalize_polls = 1;

@@ -75,7 +75,7 @@ static void *rank_main(void *arg) {
   bo.size = N;
   CHECK(ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &boot) == NCFSM_OK);
   ncfsm_sim_opts so;
-  ncfsm_sim_opts_init(&so);
+  CHECK(ncfsm_sim_opts_init(&so) == NCFSM_OK);
   ncfsm_comm_opts o;
   ncfsm_comm_opts_init(&o);
   o.backend = NCFSM_BACKEND_SIM;
