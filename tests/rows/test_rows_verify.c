@@ -277,21 +277,29 @@ static void stuck_end(ncfsm_comm *c, int r, unsigned s, int how) {
 
 static const char *const end_ev[] = {"STALLED", "COMM_ENDED", "NO_MEMORY"};
 
+/* The companion's set-up stuck in state s on rank `stuck` (channel nccl), whose
+ * peer does not verify, ended by a stall (message msg), an abort, or a
+ * collective that gets no exchange. */
+static void setup_stuck(unsigned s, int stuck, const char *msg) {
+  for (int how = 0; how < 3; how++) {
+    unsigned h0 = rows_hits(M, ncfsm__m_verify.states[s].name, end_ev[how], "ANY");
+    ncfsm_comm_opts o[2];
+    o[stuck] = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, how == END_STALL ? STALL_MS : 0);
+    o[!stuck] = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+    ncfsm_comm *c[2];
+    ncfsm_boot *b[2];
+    ncfsm_loop *loop = vpair(c, b, &o[0], &o[1]);
+    stuck_end(c[stuck], stuck, s, how);
+    if (how == END_STALL) failed_with(c[stuck], msg);
+    ROW_FIRED(M, ncfsm__m_verify.states[s].name, end_ev[how], "ANY", h0);
+    down(loop, c, b, NULL, 0);
+  }
+}
+
 /* SHARING: rank 1 waits for the companion's id from rank 0, which does not verify. */
 static void test_sharing_stuck(void **state) {
   (void)state;
-  for (int how = 0; how < 3; how++) {
-    unsigned h0 = rows_hits(M, "SHARING", end_ev[how], "ANY");
-    ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
-    ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, how == END_STALL ? STALL_MS : 0);
-    ncfsm_comm *c[2];
-    ncfsm_boot *b[2];
-    ncfsm_loop *loop = vpair(c, b, &o0, &o1);
-    stuck_end(c[1], 1, NCFSM__VS_SHARING, how);
-    if (how == END_STALL) failed_with(c[1], "not every rank reached the companion communicator's set-up");
-    ROW_FIRED(M, "SHARING", end_ev[how], "ANY", h0);
-    down(loop, c, b, NULL, 0);
-  }
+  setup_stuck(NCFSM__VS_SHARING, 1, "not every rank reached the companion communicator's set-up");
 }
 
 /* SHARING -CHANNEL_FAILED-> FAILED: the root of the id's broadcast closed its bootstrap. */
@@ -315,18 +323,7 @@ static void test_sharing_channel_failed(void **state) {
  * companion's init never completes. */
 static void test_joining_stuck(void **state) {
   (void)state;
-  for (int how = 0; how < 3; how++) {
-    unsigned h0 = rows_hits(M, "JOINING", end_ev[how], "ANY");
-    ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, how == END_STALL ? STALL_MS : 0);
-    ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
-    ncfsm_comm *c[2];
-    ncfsm_boot *b[2];
-    ncfsm_loop *loop = vpair(c, b, &o0, &o1);
-    stuck_end(c[0], 0, NCFSM__VS_JOINING, how);
-    if (how == END_STALL) failed_with(c[0], "the companion communicator was not ready within");
-    ROW_FIRED(M, "JOINING", end_ev[how], "ANY", h0);
-    down(loop, c, b, NULL, 0);
-  }
+  setup_stuck(NCFSM__VS_JOINING, 0, "the companion communicator was not ready within");
 }
 
 /* JOINING -CHANNEL_FAILED-> FAILED: the companion's init fails (the kit's fault on "v.verify"). */
