@@ -42,6 +42,29 @@ unsigned rows_hits(const char *machine, const char *state, const char *event, co
   return __atomic_load_n(&m->hits[i], __ATOMIC_RELAXED);
 }
 
+void rows_expect_begin(rows_expect *e, const char *machine, const char *const (*rows)[3], int n) {
+  assert_true(n <= (int)(sizeof e->idx / sizeof e->idx[0]));
+  e->m = rows_machine(machine);
+  e->n = n;
+  for (int k = 0; k < n; k++) {
+    e->idx[k] = rows_find(e->m, rows[k][0], rows[k][1], rows[k][2] ? rows[k][2] : "ANY");
+    if (e->idx[k] < 0) fail_msg("%s: no row %s --%s [%s]-->", machine, rows[k][0], rows[k][1], rows[k][2] ? rows[k][2] : "ANY");
+    e->before[k] = __atomic_load_n(&e->m->hits[e->idx[k]], __ATOMIC_RELAXED);
+  }
+}
+
+static void print_row(const ncfsm__machine *m, unsigned i, const char *note);
+
+void rows_expect_end(const rows_expect *e) {
+  int bad = 0;
+  for (int k = 0; k < e->n; k++)
+    if (__atomic_load_n(&e->m->hits[e->idx[k]], __ATOMIC_RELAXED) <= e->before[k]) {
+      print_row(e->m, (unsigned)e->idx[k], "   <- did not fire in this scenario");
+      bad++;
+    }
+  if (bad) fail_msg("%s: %d row(s) this scenario walks did not fire (listed above)", e->m->name, bad);
+}
+
 static void print_row(const ncfsm__machine *m, unsigned i, const char *note) {
   const ncfsm__mrow *r = &m->rows[i];
   fprintf(stderr, "%s: row %u: %s --%s [%s]--> %s / %s (%s)%s\n", m->name, i, m->states[r->s].name,

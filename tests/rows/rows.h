@@ -51,6 +51,19 @@ unsigned rows_hits(const char *machine, const char *state, const char *event, co
     if (now_ <= (before))                                                                                        \
       fail_msg("%s: row %s --%s [%s]--> did not fire in this scenario", machine, state, event, guard);           \
   } while (0)
+/* The rows a scenario promises to walk: their counts are taken by
+ * rows_expect_begin, and rows_expect_end fails naming each one that did not
+ * fire since. Rows are {state, event, guard}; guard NULL: ANY. */
+typedef struct rows_expect {
+  const ncfsm__machine *m;
+  int n;
+  int idx[48];
+  unsigned before[48];
+} rows_expect;
+void rows_expect_begin(rows_expect *e, const char *machine, const char *const (*rows)[3], int n);
+void rows_expect_end(const rows_expect *e);
+#define ROWS_N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 /* The check that ends a test: every row of the machine fired, except the
  * dead rows of allow, which must not have. */
 void rows_check_all(const char *machine, const rows_allow *allow, size_t nallow);

@@ -155,7 +155,24 @@ void run_until(ncfsm_loop *loop, bool (*pred)(void *), void *arg, const char *wh
   }
 }
 
+struct is_wait {
+  unsigned (*get)(void *);
+  void *arg;
+  unsigned want;
+};
+static bool is_reached(void *arg) {
+  struct is_wait *x = arg;
+  return x->get(x->arg) == x->want;
+}
+void run_until_is(ncfsm_loop *loop, unsigned (*get)(void *), void *arg, unsigned want, const char *what) {
+  struct is_wait x = {get, arg, want};
+  run_until(loop, is_reached, &x, what);
+}
+
 /* ---- teardown ------------------------------------------------------------------------------ */
+
+/* No turn here: a recovery still running is cancelled by ncfsm_loop_close
+ * (which delivers what is left), never stepped on an aborted comm. */
 
 void world_down(ncfsm_loop *loop, ncfsm_comm **c, int n, ncfsm_boot **b, int nb) {
   for (int r = 0; r < n; r++) {
@@ -173,7 +190,6 @@ void world_down(ncfsm_loop *loop, ncfsm_comm **c, int n, ncfsm_boot **b, int nb)
       assert_int_equal(ncfsm_comm_release(c[r]), NCFSM_OK);
       c[r] = NULL;
     }
-  run_turns(loop, 2);
   for (int i = 0; i < nb; i++)
     if (b[i]) {
       assert_int_equal(ncfsm_boot_close(b[i]), NCFSM_OK);

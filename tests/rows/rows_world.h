@@ -52,9 +52,12 @@ void want_work(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status, int 
 void want_text(ncfsm_comm *c, bool failure, const char *text);
 /* Turns the loop until pred(arg) holds. */
 void run_until(ncfsm_loop *loop, bool (*pred)(void *), void *arg, const char *what);
+/* Turns the loop until get(arg) returns want (a state read under the loop's lock, say). */
+void run_until_is(ncfsm_loop *loop, unsigned (*get)(void *), void *arg, unsigned want, const char *what);
 
 /* ---- teardown ---------------------------------------------------------------------------- */
-/* Abort what is not closed, release every comm (NULL entries skipped), close the boots, close the loop. */
+/* Abort what is not closed, release every comm (NULL entries skipped), close the boots, close the loop
+ * (without a turn in between). */
 void world_down(ncfsm_loop *loop, ncfsm_comm **c, int n, ncfsm_boot **b, int nb);
 
 #endif

@@ -27,24 +27,16 @@ static ncfsm_work *op(ncfsm_comm *c, int r) {
   return w;
 }
 
-static unsigned tstate(ncfsm_loop *loop) {
+static unsigned tstate(void *arg) {
+  ncfsm_loop *loop = arg;
   pthread_mutex_lock(&loop->mu);
   unsigned s = loop->timer_state;
   pthread_mutex_unlock(&loop->mu);
   return s;
 }
 
-struct in_state {
-  ncfsm_loop *loop;
-  unsigned s;
-};
-static bool timer_in(void *arg) {
-  struct in_state *x = arg;
-  return tstate(x->loop) == x->s;
-}
 static void run_until_timer(ncfsm_loop *loop, unsigned s) {
-  struct in_state x = {loop, s};
-  run_until(loop, timer_in, &x, ncfsm__m_timer.states[s].name);
+  run_until_is(loop, tstate, loop, s, ncfsm__m_timer.states[s].name);
 }
 
 /* Two READY ranks on a loop with these options (own base, or embedded in base). */

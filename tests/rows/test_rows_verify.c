@@ -42,24 +42,16 @@ static ncfsm_loop *vpair(ncfsm_comm **c, ncfsm_boot **b, const ncfsm_comm_opts *
   return loop;
 }
 
-static unsigned vstate(ncfsm_comm *c) {
+static unsigned vstate(void *arg) {
+  ncfsm_comm *c = arg;
   pthread_mutex_lock(&c->loop->mu);
   unsigned s = c->ver ? c->ver->state : 0xffu;
   pthread_mutex_unlock(&c->loop->mu);
   return s;
 }
 
-struct vwait {
-  ncfsm_comm *c;
-  unsigned s;
-};
-static bool in_vstate(void *arg) {
-  struct vwait *x = arg;
-  return vstate(x->c) == x->s;
-}
 static void until_vstate(ncfsm_comm *c, unsigned s) {
-  struct vwait x = {c, s};
-  run_until(c->loop, in_vstate, &x, ncfsm__m_verify.states[s].name);
+  run_until_is(c->loop, vstate, c, s, ncfsm__m_verify.states[s].name);
 }
 
 static ncfsm_work *op(ncfsm_comm *c, int r, ncfsm_redop_t redop) {
