@@ -1,0 +1,429 @@
+/*
+ * Every row of fsm/verify.def walked (tests/rows/rows.h): the cross-rank
+ * verification of two ranks on one loop over the in-process bootstrap,
+ * async (rolling hashes) and strict over the bootstrap or over a companion
+ * NCCL communicator (channel nccl: SHARING, JOINING, EXCHANGING,
+ * COLLECTING), with each way it ends: a divergence, a stall (a rank that
+ * does not verify, or whose companion never gets there), a failed channel
+ * (a closed bootstrap, a companion whose init or AllGather fails: the kit's
+ * faults on the companion, named "<comm>.verify"), an exchange that cannot
+ * be allocated (calloc failures), and a comm that ends. Each scenario
+ * checks the verifier's state (c->ver->state), the comm's resulting state
+ * and its failure's message.
+ */
+#include <string.h>
+
+#include "fsm/verify.h"
+#include "rows_world.h"
+
+#define M "verify"
+#define STALL_MS 30
+#define SMSG 32  /* sizeof the strict exchange's message (fsm/verify_strict.c ncfsm__smsg) */
+#define VMSG 16  /* sizeof the async exchange's message (fsm/verify_async.c ncfsm__vmsg) */
+
+static int32_t buf[2][8];
+static ncfsm_sim_opts g_so;
+
+static ncfsm_comm_opts vopts(ncfsm_verify_mode_t mode, ncfsm_verify_channel_t ch, uint64_t stall_ms) {
+  ncfsm_comm_opts o;
+  opts_init(&o, &g_so, "v");
+  o.verify = mode;
+  o.verify_channel = ch;
+  o.verify_window = 1;
+  o.verify_stall_ms = stall_ms;
+  return o;
+}
+
+/* Two ranks over one bootstrap group, READY. */
+static ncfsm_loop *vpair(ncfsm_comm **c, ncfsm_boot **b, const ncfsm_comm_opts *o0, const ncfsm_comm_opts *o1) {
+  ncfsm_loop *loop = loop_new();
+  comms_boot(loop, 2, (const ncfsm_comm_opts *[]){o0, o1}, c, b, 0);
+  for (int r = 0; r < 2; r++) want_state(c[r], NCFSM_STATE_READY);
+  return loop;
+}
+
+static unsigned vstate(void *arg) {
+  ncfsm_comm *c = arg;
+  pthread_mutex_lock(&c->loop->mu);
+  unsigned s = c->ver ? c->ver->state : 0xffu;
+  pthread_mutex_unlock(&c->loop->mu);
+  return s;
+}
+
+static void until_vstate(ncfsm_comm *c, unsigned s) {
+  run_until_is(c->loop, vstate, c, s, ncfsm__m_verify.states[s].name);
+}
+
+static ncfsm_work *op(ncfsm_comm *c, int r, ncfsm_redop_t redop) {
+  ncfsm_work *w = NULL;
+  for (int i = 0; i < 8; i++) buf[r][i] = r + 1;
+  assert_int_equal(ncfsm_allreduce(c, buf[r], buf[r], 8, NCFSM_INT32, redop, NULL, NULL, NULL, &w), NCFSM_OK);
+  return w;
+}
+
+/* The verification failed the comm (policy STAY: ERROR) with this message. */
+static void failed_with(ncfsm_comm *c, const char *text) {
+  want_state(c, NCFSM_STATE_ERROR);
+  want_text(c, true, text);
+  assert_int_equal(vstate(c), NCFSM__VS_FAILED);
+}
+
+static void down(ncfsm_loop *loop, ncfsm_comm **c, ncfsm_boot **b, ncfsm_work **w, int nw) {
+  for (int i = 0; i < nw; i++)
+    if (w[i]) assert_int_equal(ncfsm_work_release(w[i]), NCFSM_OK);
+  world_down(loop, c, 2, b, 2);
+}
+
+/* ---- async ------------------------------------------------------------------------------------ */
+
+/* WAITING -IN_SERVICE-> RUNNING, then RUNNING -DIVERGED-> FAILED: the ranks'
+ * rolling hashes differ (SUM against MAX, R11). */
+static void test_async_diverged(void **state) {
+  (void)state;
+  unsigned s0 = rows_hits(M, "WAITING", "IN_SERVICE", "ANY"), d0 = rows_hits(M, "RUNNING", "DIVERGED", "ANY");
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o, &o);
+  ncfsm_work *w[4];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK);
+  assert_int_equal(vstate(c[0]), NCFSM__VS_RUNNING);
+  for (int r = 0; r < 2; r++) w[2 + r] = op(c[r], r, r ? NCFSM_OP_MAX : NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) failed_with(c[r], "differ across ranks (R11)");
+  ROW_FIRED(M, "WAITING", "IN_SERVICE", "ANY", s0);
+  ROW_FIRED(M, "RUNNING", "DIVERGED", "ANY", d0);
+  down(loop, c, b, w, 4);
+}
+
+/* RUNNING -STALLED-> FAILED: rank 1 does not verify, so rank 0's exchange never completes. */
+static void test_async_stalled(void **state) {
+  (void)state;
+  unsigned s0 = rows_hits(M, "RUNNING", "STALLED", "ANY");
+  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, STALL_MS);
+  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o0, &o1);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK); /* the collective itself is fine */
+  failed_with(c[0], "not every rank reached collective seq 1");
+  assert_int_equal(ncfsm_comm_state(c[1]), NCFSM_STATE_READY);
+  ROW_FIRED(M, "RUNNING", "STALLED", "ANY", s0);
+  down(loop, c, b, w, 2);
+}
+
+/* RUNNING -CHANNEL_FAILED-> FAILED: the peer's bootstrap closed under the exchange. */
+static void test_async_channel_failed(void **state) {
+  (void)state;
+  unsigned f0 = rows_hits(M, "RUNNING", "CHANNEL_FAILED", "ANY");
+  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o0, &o1);
+  assert_int_equal(ncfsm_boot_close(b[1]), NCFSM_OK); /* rank 1 needs it no more: it does not verify */
+  b[1] = NULL;
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  failed_with(c[0], "NCFSM_ERR_BOOTSTRAP");
+  want_text(c[0], true, "verification: the exchange at seq 1 failed");
+  ROW_FIRED(M, "RUNNING", "CHANNEL_FAILED", "ANY", f0);
+  down(loop, c, b, w, 2);
+}
+
+/* RUNNING -COMM_ENDED-> STOPPED: the comm is aborted while an exchange is out. */
+static void test_async_comm_ended(void **state) {
+  (void)state;
+  unsigned e0 = rows_hits(M, "RUNNING", "COMM_ENDED", "ANY");
+  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o0, &o1);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
+  until_vstate(c[0], NCFSM__VS_STOPPED);
+  assert_string_equal(ncfsm_comm_failure(c[0]), ""); /* stopping fails nothing */
+  ROW_FIRED(M, "RUNNING", "COMM_ENDED", "ANY", e0);
+  down(loop, c, b, w, 2);
+}
+
+/* RUNNING -NO_MEMORY-> BROKEN, BROKEN -IN_SERVICE-> FAILED: an exchange that
+ * cannot be allocated fails the comm at the next turn (the ranks' exchanges
+ * would no longer pair). */
+static void test_async_no_memory(void **state) {
+  (void)state;
+  unsigned n0 = rows_hits(M, "RUNNING", "NO_MEMORY", "ANY"), i0 = rows_hits(M, "BROKEN", "IN_SERVICE", "ANY");
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o, &o);
+  ncfsm_work *w[2];
+  rows_fail_calloc(2, VMSG, 1);
+  w[0] = op(c[0], 0, NCFSM_OP_SUM);
+  failed_with(c[0], "verification: out of memory for a fingerprint exchange");
+  assert_int_equal(rows_calloc_failed(), 1);
+  want_text(c[0], true, "NCFSM_ERR_NO_MEMORY");
+  ROW_FIRED(M, "RUNNING", "NO_MEMORY", "ANY", n0);
+  ROW_FIRED(M, "BROKEN", "IN_SERVICE", "ANY", i0);
+  w[1] = NULL;
+  down(loop, c, b, w, 2);
+}
+
+/* ---- strict, before the comm is in service ------------------------------------------------------ */
+
+/* WAITING -NO_MEMORY-> BROKEN, BROKEN -COMM_ENDED-> STOPPED: a collective
+ * queued during init gets no exchange; the comm is aborted before it is in
+ * service. */
+static void test_waiting_no_memory(void **state) {
+  (void)state;
+  unsigned n0 = rows_hits(M, "WAITING", "NO_MEMORY", "ANY"), e0 = rows_hits(M, "BROKEN", "COMM_ENDED", "ANY");
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_loop *loop = loop_new();
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  comms_boot(loop, 2, (const ncfsm_comm_opts *[]){&o, NULL}, c, b, 0);
+  rows_fail_calloc(2, SMSG, 1);
+  ncfsm_work *w[2] = {op(c[0], 0, NCFSM_OP_SUM), NULL}; /* DEFER: the comm is ID_QUEUED */
+  assert_int_equal(rows_calloc_failed(), 1);
+  assert_int_equal(vstate(c[0]), NCFSM__VS_BROKEN);
+  assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
+  until_vstate(c[0], NCFSM__VS_STOPPED);
+  want_work(w[0], NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED, -1);
+  ROW_FIRED(M, "WAITING", "NO_MEMORY", "ANY", n0);
+  ROW_FIRED(M, "BROKEN", "COMM_ENDED", "ANY", e0);
+  down(loop, c, b, w, 2);
+}
+
+/* WAITING -COMM_ENDED-> STOPPED: the init fails with an exchange queued. */
+static void test_waiting_comm_ended(void **state) {
+  (void)state;
+  unsigned e0 = rows_hits(M, "WAITING", "COMM_ENDED", "ANY");
+  kit_begin("verify.waiting_init_fail");
+  ncfsm_fault f = kit_fault_of(NCFSM_FAULT_INIT_FAIL, "v", 0);
+  kit_fault(&f);
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_loop *loop = loop_new();
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  comms_boot(loop, 2, (const ncfsm_comm_opts *[]){&o, NULL}, c, b, 0);
+  ncfsm_work *w[2] = {op(c[0], 0, NCFSM_OP_SUM), NULL};
+  assert_int_equal(vstate(c[0]), NCFSM__VS_WAITING);
+  want_state(c[0], NCFSM_STATE_INIT_FAILED);
+  until_vstate(c[0], NCFSM__VS_STOPPED);
+  want_work(w[0], NCFSM_WORK_FAILED, NCFSM_ERR_ASYNC, -1);
+  want_text(c[0], true, "ncclSystemError");
+  ROW_FIRED(M, "WAITING", "COMM_ENDED", "ANY", e0);
+  down(loop, c, b, w, 2);
+  kit_end();
+}
+
+/* ---- strict over a companion communicator (channel nccl) ------------------------------------------ */
+
+/* WAITING -IN_SERVICE [COMPANION]-> SHARING -ID_SHARED-> JOINING -JOINED->
+ * RUNNING -POST-> EXCHANGING -FINAL-> COLLECTING -COLLECTED-> RUNNING: the
+ * collective launches once both ranks' fingerprints came back equal. */
+static void test_companion(void **state) {
+  (void)state;
+  const char *rows[][3] = {{"WAITING", "IN_SERVICE", "COMPANION"}, {"SHARING", "ID_SHARED", "ANY"},
+                           {"JOINING", "JOINED", "ANY"},           {"RUNNING", "POST", "ANY"},
+                           {"EXCHANGING", "FINAL", "ANY"},         {"COLLECTING", "COLLECTED", "ANY"}};
+  unsigned before[6];
+  for (int i = 0; i < 6; i++) before[i] = rows_hits(M, rows[i][0], rows[i][1], rows[i][2]);
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o, &o);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK);
+  assert_int_equal(buf[0][0], 3);
+  for (int r = 0; r < 2; r++) assert_int_equal(vstate(c[r]), NCFSM__VS_RUNNING);
+  for (int i = 0; i < 6; i++) ROW_FIRED(M, rows[i][0], rows[i][1], rows[i][2], before[i]);
+  down(loop, c, b, w, 2);
+}
+
+enum { END_STALL, END_ABORT, END_NO_MEMORY };
+
+/* A rank whose verifier waits in state s for good (its peer never gets
+ * there), ended by a stall, an abort, or a collective that gets no exchange. */
+static void stuck_end(ncfsm_comm *c, int r, unsigned s, int how) {
+  until_vstate(c, s);
+  if (how == END_ABORT) {
+    assert_int_equal(ncfsm_comm_abort(c), NCFSM_OK);
+    until_vstate(c, NCFSM__VS_STOPPED);
+  } else if (how == END_NO_MEMORY) {
+    rows_fail_calloc(2, SMSG, 1);
+    ncfsm_work *w = op(c, r, NCFSM_OP_SUM);
+    assert_int_equal(rows_calloc_failed(), 1);
+    assert_int_equal(vstate(c), NCFSM__VS_BROKEN);
+    failed_with(c, "verification: out of memory for a fingerprint exchange");
+    want_work(w, NCFSM_WORK_FAILED, NCFSM_ERR_NO_MEMORY, -1);
+    assert_int_equal(ncfsm_work_release(w), NCFSM_OK);
+  }
+}
+
+static const char *const end_ev[] = {"STALLED", "COMM_ENDED", "NO_MEMORY"};
+
+/* The companion's set-up stuck in state s on rank `stuck` (channel nccl), whose
+ * peer does not verify, ended by a stall (message msg), an abort, or a
+ * collective that gets no exchange. */
+static void setup_stuck(unsigned s, int stuck, const char *msg) {
+  for (int how = 0; how < 3; how++) {
+    unsigned h0 = rows_hits(M, ncfsm__m_verify.states[s].name, end_ev[how], "ANY");
+    ncfsm_comm_opts o[2];
+    o[stuck] = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, how == END_STALL ? STALL_MS : 0);
+    o[!stuck] = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+    ncfsm_comm *c[2];
+    ncfsm_boot *b[2];
+    ncfsm_loop *loop = vpair(c, b, &o[0], &o[1]);
+    stuck_end(c[stuck], stuck, s, how);
+    if (how == END_STALL) failed_with(c[stuck], msg);
+    ROW_FIRED(M, ncfsm__m_verify.states[s].name, end_ev[how], "ANY", h0);
+    down(loop, c, b, NULL, 0);
+  }
+}
+
+/* SHARING: rank 1 waits for the companion's id from rank 0, which does not verify. */
+static void test_sharing_stuck(void **state) {
+  (void)state;
+  setup_stuck(NCFSM__VS_SHARING, 1, "not every rank reached the companion communicator's set-up");
+}
+
+/* SHARING -CHANNEL_FAILED-> FAILED: the root of the id's broadcast closed its bootstrap. */
+static void test_sharing_channel_failed(void **state) {
+  (void)state;
+  unsigned f0 = rows_hits(M, "SHARING", "CHANNEL_FAILED", "ANY");
+  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o0, &o1);
+  until_vstate(c[1], NCFSM__VS_SHARING);
+  assert_int_equal(ncfsm_boot_close(b[0]), NCFSM_OK);
+  b[0] = NULL;
+  failed_with(c[1], "the companion's unique id broadcast failed");
+  ROW_FIRED(M, "SHARING", "CHANNEL_FAILED", "ANY", f0);
+  down(loop, c, b, NULL, 0);
+}
+
+/* JOINING: rank 0 (the root) has the id, but rank 1 does not verify: the
+ * companion's init never completes. */
+static void test_joining_stuck(void **state) {
+  (void)state;
+  setup_stuck(NCFSM__VS_JOINING, 0, "the companion communicator was not ready within");
+}
+
+/* JOINING -CHANNEL_FAILED-> FAILED: the companion's init fails (the kit's fault on "v.verify"). */
+static void test_joining_channel_failed(void **state) {
+  (void)state;
+  unsigned f0 = rows_hits(M, "JOINING", "CHANNEL_FAILED", "ANY");
+  ncfsm_test *t = kit_begin("verify.companion_init_fail");
+  ncfsm_fault f = kit_fault_of(NCFSM_FAULT_INIT_FAIL, "v.verify", 0);
+  int id = kit_fault(&f);
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o, &o);
+  failed_with(c[0], "the companion communicator's init failed");
+  assert_true(ncfsm_test_fault_fired(t, id) >= 1);
+  ROW_FIRED(M, "JOINING", "CHANNEL_FAILED", "ANY", f0);
+  down(loop, c, b, NULL, 0);
+  kit_end();
+}
+
+/* EXCHANGING on rank 0 (its companion's AllGather never becomes final: the
+ * kit's SLOW fault for ever) and COLLECTING on rank 1 (its AllGather is final,
+ * but rank 0's part never arrives), each ended by a stall, an abort, or a
+ * collective that gets no exchange. */
+static void test_exchange_stuck(void **state) {
+  (void)state;
+  for (int how = 0; how < 3; how++) {
+    unsigned x0 = rows_hits(M, "EXCHANGING", end_ev[how], "ANY"), c0 = rows_hits(M, "COLLECTING", end_ev[how], "ANY");
+    kit_begin("verify.exchange_stuck");
+    ncfsm_fault f = kit_fault_of(NCFSM_FAULT_SLOW, "v.verify", 0);
+    f.polls = -1;
+    kit_fault(&f);
+    ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, how == END_STALL ? STALL_MS : 0);
+    ncfsm_comm *c[2];
+    ncfsm_boot *b[2];
+    ncfsm_loop *loop = vpair(c, b, &o, &o);
+    ncfsm_work *w[2];
+    for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+    until_vstate(c[0], NCFSM__VS_EXCHANGING);
+    until_vstate(c[1], NCFSM__VS_COLLECTING);
+    stuck_end(c[0], 0, NCFSM__VS_EXCHANGING, how);
+    stuck_end(c[1], 1, NCFSM__VS_COLLECTING, how);
+    if (how == END_STALL)
+      for (int r = 0; r < 2; r++) {
+        failed_with(c[r], "strict verification (channel nccl): not every rank submitted collective seq 0");
+        want_work(w[r], NCFSM_WORK_TIMED_OUT, NCFSM_ERR_TIMEOUT, -1);
+      }
+    ROW_FIRED(M, "EXCHANGING", end_ev[how], "ANY", x0);
+    ROW_FIRED(M, "COLLECTING", end_ev[how], "ANY", c0);
+    down(loop, c, b, w, 2);
+    kit_end();
+  }
+}
+
+/* EXCHANGING -CHANNEL_FAILED-> FAILED: the companion's AllGather sets an async error. */
+static void test_exchanging_channel_failed(void **state) {
+  (void)state;
+  unsigned f0 = rows_hits(M, "EXCHANGING", "CHANNEL_FAILED", "ANY");
+  kit_begin("verify.companion_async_error");
+  ncfsm_fault f = kit_fault_of(NCFSM_FAULT_ASYNC_ERROR, "v.verify", 0);
+  kit_fault(&f);
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, 0);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o, &o);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  failed_with(c[0], "the companion communicator failed");
+  want_work(w[0], NCFSM_WORK_FAILED, NCFSM_ERR_ASYNC, -1); /* nothing of it reached NCCL */
+  ROW_FIRED(M, "EXCHANGING", "CHANNEL_FAILED", "ANY", f0);
+  down(loop, c, b, w, 2);
+  kit_end();
+}
+
+static void test_every_row_walked(void **state) {
+  (void)state;
+  static const rows_allow dead[] = {
+      /* dead row: NO_MEMORY fires only where an exchange is allocated: a strict
+       * collective queued while the verifier is polled and not BROKEN
+       * (fsm/verify.c on_queued), an async window while RUNNING (on_launched) */
+      {"BROKEN", "NO_MEMORY", "ANY", "no exchange is allocated in BROKEN (on_queued skips it, on_launched needs RUNNING)",
+       false},
+      /* dead row on the sim: only a failing cudaEventRecord / cudaEventQuery of
+       * the companion's own event fails COLLECTING, and the sim fails those
+       * only for handles that are not its own */
+      {"COLLECTING", "CHANNEL_FAILED", "ANY",
+       "needs a CUDA error of the companion's event (record or query); the sim returns none for a valid event", false},
+  };
+  rows_check_all(M, dead, sizeof dead / sizeof dead[0]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(test_async_diverged, kit_teardown),
+      cmocka_unit_test_teardown(test_async_stalled, kit_teardown),
+      cmocka_unit_test_teardown(test_async_channel_failed, kit_teardown),
+      cmocka_unit_test_teardown(test_async_comm_ended, kit_teardown),
+      cmocka_unit_test_teardown(test_async_no_memory, kit_teardown),
+      cmocka_unit_test_teardown(test_waiting_no_memory, kit_teardown),
+      cmocka_unit_test_teardown(test_waiting_comm_ended, kit_teardown),
+      cmocka_unit_test_teardown(test_companion, kit_teardown),
+      cmocka_unit_test_teardown(test_sharing_stuck, kit_teardown),
+      cmocka_unit_test_teardown(test_sharing_channel_failed, kit_teardown),
+      cmocka_unit_test_teardown(test_joining_stuck, kit_teardown),
+      cmocka_unit_test_teardown(test_joining_channel_failed, kit_teardown),
+      cmocka_unit_test_teardown(test_exchange_stuck, kit_teardown),
+      cmocka_unit_test_teardown(test_exchanging_channel_failed, kit_teardown),
+      cmocka_unit_test(test_every_row_walked),
+  };
+  return cmocka_run_group_tests(tests, rows_setup, NULL);
+}
