@@ -62,11 +62,6 @@ ACT(arm_push) {
                        (suseconds_t)(loop->opts.push_fallback_us % 1000000)};
   evtimer_add(loop->ev_poll, &tv);
 }
-ACT(rearm) {
-  LOOP;
-  evtimer_del(loop->ev_poll);
-  timer_fire(loop, NCFSM__TE_ARM);
-}
 ACT(restart_burst) {
   LOOP;
   loop->poll_iter = 0;
