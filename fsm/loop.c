@@ -356,11 +356,10 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
                             "returns, from outside the loop");
     return NCFSM_ERR_INVALID_USAGE;
   }
-  if (loop->hooks.cancel) loop->hooks.cancel(loop); /* recoveries whose steps will not run again */
   pthread_mutex_lock(&loop->mu);
-  int open = 0;
+  int open = 0; /* comms the program holds (a recovery's new comm in the making is the recovery's) */
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    if (c->state != NCFSM_STATE_RELEASED) open++;
+    if (c->state != NCFSM_STATE_RELEASED && !(c->rops && c->rops->owned(c))) open++;
   bool group = ncfsm__group_open(loop);
   if (open || loop->thread_started || group || loop->running) {
     ncfsm__loop_error(loop, "ncfsm_loop_close: %d communicator(s) not released%s%s%s; abort/destroy and "
@@ -368,7 +367,12 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
                       open, loop->thread_started ? ", loop thread still running" : "", group ? ", a group is open" : "",
                       loop->running ? ", another thread is running the loop" : "");
     pthread_mutex_unlock(&loop->mu);
-    return NCFSM_ERR_BUSY;
+    return NCFSM_ERR_BUSY; /* nothing changed: armed recoveries stay armed */
+  }
+  if (loop->hooks.cancel) { /* recoveries whose steps will not run again let go of what they hold */
+    pthread_mutex_unlock(&loop->mu);
+    loop->hooks.cancel(loop);
+    pthread_mutex_lock(&loop->mu);
   }
   /* Deliver what is left (callbacks of released comms' works). */
   ncfsm__loop_set_runner(loop);

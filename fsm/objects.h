@@ -137,6 +137,7 @@ typedef struct ncfsm__recovery_ops {
   void (*stepped)(ncfsm_comm *c);                /* c changed state (the recovery may wait for it) */
   void (*detach)(ncfsm_comm *c);                 /* c is freed */
   ncfsm_result_t (*disarm)(ncfsm_comm *c);       /* ncfsm_comm_close, without the lock: refused while one runs */
+  bool (*owned)(const ncfsm_comm *c);            /* c is a recovery's new comm in the making: no user holds it */
 } ncfsm__recovery_ops;
 
 struct ncfsm_comm {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/settings.h"
 #include "fsm/init.h"
 #include "ncfsm/bootstrap.h"
 
@@ -39,6 +40,7 @@ struct ncfsm__recovery {
   const char *how;
   uint64_t t_fail, t_agreed;
   char why[384];
+  char fresh_err[320];  /* why the last new comm could not be made */
   struct ncfsm__recovery *next; /* loop->recoveries */
 };
 
@@ -90,6 +92,15 @@ static int vote_event(struct ncfsm__recovery *r) {
   return all ? NCFSM__RE_VOTED_YES : NCFSM__RE_VOTED_NO;
 }
 
+/* OLD_CLOSED's payload: the old comm ended under the recovery. */
+static const char *old_closed(struct ncfsm__recovery *r, const ncfsm_comm *old) {
+  snprintf(r->fresh_err, sizeof r->fresh_err,
+           "the comm was aborted (by the program or its error policy) before the recovery could replace it; it had "
+           "failed: %.200s",
+           old && old->failure[0] ? old->failure : "-");
+  return r->fresh_err;
+}
+
 static void step(void *arg) {
   struct ncfsm__recovery *r = arg;
   ncfsm_loop *loop = r->loop;
@@ -103,12 +114,12 @@ static void step(void *arg) {
     bool fresh_failed = fs != NCFSM_STATE_COUNT && (ncfsm__sflags(fs) & (NCFSM_SF_FAILED | NCFSM_SF_END));
     switch (r->state) {
       case NCFSM__RS_STARTING:
-        if (old_gone) fire(r, NCFSM__RE_OLD_CLOSED, old->failure);
+        if (old_gone) fire(r, NCFSM__RE_OLD_CLOSED, old_closed(r, old));
         else fire(r, NCFSM__RE_STEP, NULL);
         break;
       case NCFSM__RS_AGREEING: {
         if (old_gone) {
-          fire(r, NCFSM__RE_OLD_CLOSED, old->failure);
+          fire(r, NCFSM__RE_OLD_CLOSED, old_closed(r, old));
           break;
         }
         ncfsm_result_t t = ncfsm_boot_test(r->agree);
@@ -119,7 +130,7 @@ static void step(void *arg) {
       }
       case NCFSM__RS_PLANNING: {
         if (old_gone) {
-          fire(r, NCFSM__RE_OLD_CLOSED, old->failure);
+          fire(r, NCFSM__RE_OLD_CLOSED, old_closed(r, old));
           break;
         }
         int ev = vote_event(r);
@@ -225,13 +236,19 @@ static void drop_fresh(struct ncfsm__recovery *r) {
   ncfsm__comm_release_locked(f);
 }
 
+/* The new comm, or NULL with why in r->fresh_err. */
 static ncfsm_comm *new_fresh(struct ncfsm__recovery *r) {
   ncfsm_comm *c = NULL;
   ncfsm_comm_opts o = r->fresh_opts;
   o.sim = &r->fresh_sim;
   o.name = r->fresh_name;
   o.verify = NCFSM_VERIFY_OFF;
-  if (ncfsm__comm_new_locked(r->loop, &o, &c) != NCFSM_OK) return NULL;
+  ncfsm_result_t rc = ncfsm__comm_new_locked(r->loop, &o, &c);
+  if (rc != NCFSM_OK) {
+    snprintf(r->fresh_err, sizeof r->fresh_err, "%s",
+             rc == NCFSM_ERR_NO_MEMORY ? "out of memory" : ncfsm_last_error()); /* the refusal's message */
+    return NULL;
+  }
   c->rops = &watch_ops; /* its state changes step the recovery */
   c->recovery = r;
   return c;
@@ -317,7 +334,7 @@ ACT(reinit) {
   r->how = "reinit";
   if (!r->fresh || ncfsm__comm_init_boot_locked(r->fresh, r->sub) != NCFSM_OK) {
     snprintf(r->why, sizeof r->why, "a new communicator over the survivors' bootstrap could not be initialised: %.300s",
-             r->fresh ? r->fresh->last_error : "out of memory");
+             r->fresh ? r->fresh->last_error : r->fresh_err);
     fire(r, NCFSM__RE_STEP_FAILED, r->why);
     return;
   }
@@ -422,8 +439,16 @@ static ncfsm_result_t watched(ncfsm_comm *c) { /* a fresh comm: its recovery let
   (void)c;
   return NCFSM_OK;
 }
-static const ncfsm__recovery_ops armed_ops = {on_armed, on_start, on_stepped, on_detach, disarm};
-static const ncfsm__recovery_ops watch_ops = {never, ignore, on_stepped, on_detach_fresh, watched};
+static bool user_held(const ncfsm_comm *c) {
+  (void)c;
+  return false;
+}
+static bool made_here(const ncfsm_comm *c) {
+  (void)c;
+  return true;
+}
+static const ncfsm__recovery_ops armed_ops = {on_armed, on_start, on_stepped, on_detach, disarm, user_held};
+static const ncfsm__recovery_ops watch_ops = {never, ignore, on_stepped, on_detach_fresh, watched, made_here};
 
 /* ---- the loop's hooks ------------------------------------------------------------------------------ */
 
@@ -500,6 +525,16 @@ ncfsm_result_t ncfsm_comm_set_recovery(ncfsm_comm *c, const ncfsm_recovery_opts 
   if (!ncfsm__comm_ok(c) || (o && !o->boot)) return NCFSM_ERR_INVALID_ARGUMENT;
   if (!o) return disarm(c);
   ncfsm_loop *loop = c->loop;
+  /* the new comm's options are checked now, not when a recovery needs them */
+  ncfsm_result_t fr = o->fresh_opts ? ncfsm__comm_opts_check(o->fresh_opts, "ncfsm_comm_set_recovery") : NCFSM_OK;
+  if (fr == NCFSM_OK && o->fresh_opts && o->fresh_opts->sim)
+    fr = ncfsm__sim_opts_check(o->fresh_opts->sim, "ncfsm_comm_set_recovery");
+  if (fr != NCFSM_OK) {
+    LOCK(loop);
+    ncfsm__set_error(c, "%s", ncfsm_opts_error());
+    UNLOCK(loop);
+    return fr;
+  }
   struct ncfsm__recovery *r = calloc(1, sizeof *r);
   if (!r) return NCFSM_ERR_NO_MEMORY;
   r->state = NCFSM__RS_ARMED; /* fsm/recover.def's initial state */

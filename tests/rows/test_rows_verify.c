@@ -393,11 +393,6 @@ static void test_exchanging_channel_failed(void **state) {
 static void test_every_row_walked(void **state) {
   (void)state;
   static const rows_allow dead[] = {
-      /* dead row: NO_MEMORY fires only where an exchange is allocated: a strict
-       * collective queued while the verifier is polled and not BROKEN
-       * (fsm/verify.c on_queued), an async window while RUNNING (on_launched) */
-      {"BROKEN", "NO_MEMORY", "ANY", "no exchange is allocated in BROKEN (on_queued skips it, on_launched needs RUNNING)",
-       false},
       /* dead row on the sim: only a failing cudaEventRecord / cudaEventQuery of
        * the companion's own event fails COLLECTING, and the sim fails those
        * only for handles that are not its own */

@@ -275,12 +275,50 @@ static void test_manual_all_alive(void **state) {
 static void test_misuse(void **state) {
   (void)state;
   ncfsm_comm *c[1];
-  ncfsm_loop *loop = ready_comms(1, c);
+  ncfsm_sim_opts mso;
+  ncfsm_comm_opts mo;
+  test_sim_opts(&mso);
+  test_comm_opts(&mo, &mso);
+  mo.on_error = NCFSM_ON_ERROR_SHRINK;
+  ncfsm_loop *loop = ready_comms_with(1, c, &mo);
   assert_int_equal(ncfsm_comm_recover(c[0]), NCFSM_ERR_INVALID_USAGE);
   assert_non_null(strstr(ncfsm_comm_last_error(c[0]), "ncfsm_comm_set_recovery"));
   ncfsm_recovery_opts ro = {NULL, NULL, NULL, NULL};
   assert_int_equal(ncfsm_comm_set_recovery(c[0], &ro), NCFSM_ERR_INVALID_ARGUMENT);
+  /* the new comm's options are checked when the recovery is armed */
+  ncfsm_boot_opts bo;
+  ncfsm_boot_opts_init(&bo);
+  bo.kind = NCFSM_BOOT_LOCAL;
+  bo.local_group = "recover-misuse";
+  bo.rank = 0;
+  bo.size = 1;
+  ncfsm_boot *b;
+  assert_int_equal(ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &b), NCFSM_OK);
+  ncfsm_comm_opts bad;
+  assert_int_equal(ncfsm_comm_opts_init(&bad), NCFSM_OK);
+  bad.on_error = (ncfsm_error_policy_t)99;
+  ncfsm_recovery_opts rb = {b, &bad, NULL, NULL};
+  assert_int_equal(ncfsm_comm_set_recovery(c[0], &rb), NCFSM_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(ncfsm_last_error(), "on_error"));
+  /* a refused ncfsm_loop_close leaves an armed recovery armed: it still
+   * recovers (it was cancelled before the close's busy check) */
+  struct ctx x = {.rank = 0, .r = &res[0]};
+  memset(&res[0], 0, sizeof res[0]);
+  x.member[0] = true;
+  ncfsm_recovery_opts ok = {b, NULL, on_recovered, &x};
+  assert_int_equal(ncfsm_comm_set_recovery(c[0], &ok), NCFSM_OK);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_ERR_BUSY);
+  assert_int_equal(ncfsm_comm_recover(c[0]), NCFSM_OK);
+  double until = now_ms() + 10000;
+  while (res[0].recoveries == 0 && now_ms() < until) ncfsm_loop_run(loop, NCFSM_RUN_ONCE);
+  assert_int_equal(res[0].recoveries, 1);
+  if (res[0].status != NCFSM_OK) fail_msg("recovery: %s: %s", ncfsm_err_name(res[0].status), res[0].why);
+  ncfsm_comm_set_recovery(x.comm, NULL);
+  assert_int_equal(ncfsm_comm_release(x.old), NCFSM_OK);
+  c[0] = x.comm;
   teardown_all(loop, c, 1);
+  if (x.boot && x.boot != b) ncfsm_boot_close(x.boot);
+  ncfsm_boot_close(b);
 }
 
 int main(void) {
