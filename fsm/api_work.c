@@ -43,7 +43,7 @@ ncfsm_comm *ncfsm_work_comm(const ncfsm_work *w) { return ncfsm__work_ok(w) ? w-
 int ncfsm_work_launched(const ncfsm_work *w) {
   if (!ncfsm__work_ok(w)) return 0;
   NCFSM__LOCK(w->comm->loop);
-  int l = w->state == NCFSM_WORK_IN_FLIGHT || w->state == NCFSM_WORK_COMPLETED;
+  int l = w->t_final != 0; /* action in_flight of fsm/work.def: the launch became final */
   NCFSM__UNLOCK(w->comm->loop);
   return l;
 }

@@ -386,7 +386,7 @@ ncfsm_result_t ncfsm_comm_split(ncfsm_comm *parent, int color, int key, ncfsm_co
  * ranks must not call it. Legal on a READY comm (DEFAULT: no unfinished work),
  * on a failed comm (ERROR: NCFSM_SHRINK_ABORT) and on a REVOKED one. After an
  * ABORT-mode shrink, or one of a failed or revoked comm, the parent ends in
- * ERROR (or REVOKED): abort it, never destroy it (R7). */
+ * SHRUNK: abort it, never destroy it (R7; destroy is refused there). */
 ncfsm_result_t ncfsm_comm_shrink(ncfsm_comm *parent, const int *exclude, int nexclude, int flags,
                                  ncfsm_comm *child);
 /* ncclCommGetUniqueId (NCCL >= 2.29): the id of a grow, made on one existing
@@ -554,8 +554,9 @@ ncfsm_result_t ncfsm_work_status(const ncfsm_work *w);
 const ncfsm_fingerprint_t *ncfsm_work_fingerprint(const ncfsm_work *w);
 ncfsm_result_t ncfsm_work_get_fingerprint(const ncfsm_work *w, ncfsm_fingerprint_t *out);
 ncfsm_comm *ncfsm_work_comm(const ncfsm_work *w);
-/* Nonzero once the work reached IN_FLIGHT or later: from then on its NCCL
- * kernels are on the stream, and dependent stream work may be queued (R2). */
+/* Nonzero once the work reached IN_FLIGHT (whatever came after: it may have
+ * completed or failed since): its NCCL kernels were put on the stream, and
+ * dependent stream work may be queued behind them (R2). */
 int ncfsm_work_launched(const ncfsm_work *w);
 /* Blocking: run the loop until the work is final and returns its final
  * status (NCFSM_ERR_TIMEOUT only when the watchdog timed the work out), or

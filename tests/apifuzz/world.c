@@ -936,7 +936,10 @@ static void act_work(void) {
         fz_violation("ncfsm_work_state(op %d) is %s but the trace last said %s", op->id,
                      (unsigned)ws < NCFSM_WORK_STATE_COUNT ? ncfsm_work_state_name(ws) : "?",
                      traced >= 0 ? ncfsm_work_state_name((ncfsm_work_state_t)traced) : "(none)");
-      if (launched != (ws == NCFSM_WORK_IN_FLIGHT || ws == NCFSM_WORK_COMPLETED))
+      /* launched: reached IN_FLIGHT at some point (a failed work may or may not have) */
+      bool must = ws == NCFSM_WORK_IN_FLIGHT || ws == NCFSM_WORK_COMPLETED;
+      bool never = ws == NCFSM_WORK_QUEUED || ws == NCFSM_WORK_LAUNCHING || ws == NCFSM_WORK_VERIFYING;
+      if ((must && !launched) || (never && launched))
         fz_violation("ncfsm_work_launched(op %d) is %d in state %s", op->id, launched, ncfsm_work_state_name(ws));
       /* the status follows the state: final before its callback is delivered (at
        * the next flush), never different from what the callback got */
