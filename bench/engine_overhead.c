@@ -225,8 +225,8 @@ int main(int argc, char **argv) {
       printf("%-10s %10s %12s %12s   (%d runs of %ld ops, null backend)\n", "pattern", "ns/op", "min", "max",
              a.runs, a.ops);
     else
-      printf("%-16s %10s %12s %12s %10s   (%d runs of about %ld ops, null backend)\n", "mode", "ns/op", "min",
-             "max", "ops", a.runs, a.ops);
+      printf("%-16s %10s %12s %12s %10s   (%d runs of about %ld ops, memory-P one of P; null backend)\n", "mode",
+             "ns/op", "min", "max", "ops", a.runs, a.ops);
     fflush(stdout);
   }
   int failed = 0;

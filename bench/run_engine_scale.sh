@@ -53,15 +53,16 @@ run() { # record the command (paths from the repository root, the scratch direct
   "$@" | tee "$out" >&2
 }
 run "$TMP/cg.txt" "$HERE/callgrind_overhead.sh" "$BIN" --ops "$OPS" --idle-ms "$IDLE" --csv "$TMP/cg.csv" "${MODES[@]}"
-WALLS=()
+WALLS=() WALLFILES=()
 if [ ${#WALL[@]} -gt 0 ]; then
   run "$TMP/wall.txt" "$BIN" --ops "$OPS" --runs "$RUNS" --idle-ms "$IDLE" "${WALL[@]}"
-  WALLS+=(--wall "$TMP/wall.txt")
+  WALLFILES+=("$TMP/wall.txt")
 fi
 for m in "${MEM[@]}"; do
   run "$TMP/wall-$m.txt" "$BIN" --idle-ms "$IDLE" "$m"
-  WALLS+=(--wall "$TMP/wall-$m.txt")
+  WALLFILES+=("$TMP/wall-$m.txt")
 done
+for f in "${WALLFILES[@]}"; do WALLS+=(--wall "$f"); done
 python3 "$HERE/engine_scale_table.py" --cg "$TMP/cg.csv" "${WALLS[@]}" --list "$TMP/list.tsv" \
   --csv "$OUT/$NAME.csv" --comms-csv "$OUT/$NAME-comms.csv" >"$TMP/tables.md"
 
@@ -89,6 +90,7 @@ draws it where matplotlib is."
 fi
 
 COMMIT=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
+ENGINE=$(git -C "$ROOT" log -1 --format=%h -- fsm core include 2>/dev/null || echo unknown)
 DIRTY=$(git -C "$ROOT" status --porcelain --untracked-files=no -- . ':!docs' 2>/dev/null | head -1)
 CACHE=$(dirname "$(dirname "$BIN")")/CMakeCache.txt
 BTYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$CACHE" 2>/dev/null || true)
@@ -96,13 +98,22 @@ CPU=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 {
   echo "# Engine cost at scale: baseline (issue 22)"
   echo
-  echo "Measured $(date -u '+%F %H:%M UTC') at commit \`$COMMIT\`${DIRTY:+ (with uncommitted changes outside docs/)};"
+  echo "Measured $(date -u '+%F %H:%M UTC') at commit \`$COMMIT\`${DIRTY:+ (with uncommitted changes outside docs/)}"
+  echo "(the engine, fsm/ core/ include/, as of its commit \`$ENGINE\`);"
   echo "build type ${BTYPE:-unknown}; $(nproc) CPUs ($CPU), shared with other work:"
   echo "callgrind counts are repeatable for a binary, wall times only as ratios within one run."
   echo "Null backend (\`NCFSM_BACKEND=null\`: every backend call free), 1-element AllReduces, a callback per work,"
   echo "default features on (flight recorder 2,048 entries per comm, verification off)."
   echo "Made by \`bench/run_engine_scale.sh\`; the modes are described in \`bench/engine_overhead.c\` and"
   echo "\`bench/engine_modes.c\`. Data: [$NAME.csv]($NAME.csv), [$NAME-comms.csv]($NAME-comms.csv)."
+  echo
+  echo "How to read them: ops is the op count of the measured block (n rounded up to whole rounds of the"
+  echo "mode); every mode first ran as many ops unmeasured. threads-T and waiters-T count the instructions of"
+  echo "every thread (the loop's and the submitters'); valgrind runs one thread at a time, so their batches and"
+  echo "counts vary by a few percent from run to run, and their wall times are thread hand-offs on a shared"
+  echo "machine. memory-P runs in a process of its own: its baseline is after 1,000 pingpong ops, RSS from"
+  echo "/proc/self/statm, heap in use from mallinfo2 (bytes malloc'ed and not freed); \"after idle\" is"
+  echo "after $IDLE ms (--idle-ms) with the loop on its own thread."
   echo
   echo "Commands (from the repository root):"
   echo
@@ -121,7 +132,7 @@ CPU=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
   echo '```'
   cat "$TMP/cg.txt"
   echo
-  cat "$TMP"/wall*.txt
+  cat "${WALLFILES[@]}"
   echo '```'
 } >"$OUT/$NAME.md"
 echo "run_engine_scale.sh: wrote $OUT/$NAME.md, $OUT/$NAME.csv, $OUT/$NAME-comms.csv" \
