@@ -17,14 +17,18 @@ ncfsm_result_t ncfsm_comm_init(ncfsm_comm *c, int nranks, int rank, const ncfsm_
   ncfsm_loop *loop = c->loop;
   NCFSM__LOCK(loop);
   ncfsm_result_t r;
-  if (c->opts.verify != NCFSM_VERIFY_OFF && nranks > 1) {
-    ncfsm__set_error(c, "ncfsm_comm_init: opts.verify is %s (NCFSM_VERIFY), which exchanges through a bootstrap: "
-                        "initialise with ncfsm_comm_init_boot, or set verify off",
-                     c->opts.verify == NCFSM_VERIFY_STRICT ? "strict" : "async");
+  if (c->opts.verify == NCFSM_VERIFY_STRICT && nranks > 1) {
+    ncfsm__set_error(c, "ncfsm_comm_init: opts.verify is strict (NCFSM_VERIFY), which exchanges every fingerprint "
+                        "before its launch through a bootstrap: initialise with ncfsm_comm_init_boot, or use async "
+                        "(the default: ranks in this process compare in memory)");
     r = NCFSM_ERR_INVALID_USAGE;
   } else {
     ncfsm__cev p = {.rank = rank, .nranks = nranks, .id = id, .nroots = 1, .from = c->state};
     r = ncfsm__comm_init_step(c, NCFSM_EV_INIT, &p);
+    /* async: the ranks of this comm in this process compare in memory */
+    if (r == NCFSM_OK && c->opts.verify == NCFSM_VERIFY_ASYNC && nranks > 1 && !c->vops &&
+        ncfsm__verify_attach(c, NULL) != NCFSM_OK)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] out of memory: this comm runs unverified", c->name, c->rank);
   }
   NCFSM__UNLOCK(loop);
   return r;

@@ -144,9 +144,9 @@ static ncfsm_result_t check_args(split_req *q) {
                      ncfsm_state_name((ncfsm_state_t)c->state));
     return r;
   }
-  if (c->opts.verify != NCFSM_VERIFY_OFF) {
-    ncfsm__set_error(c, "%s: the child's opts.verify is not off; a child has no bootstrap to verify through: make "
-                        "it with verify off", fn);
+  if (c->opts.verify == NCFSM_VERIFY_STRICT) {
+    ncfsm__set_error(c, "%s: the child's opts.verify is strict, which needs a bootstrap of the child's ranks: make it "
+                        "with verify async (its ranks in this process compare in memory) or off", fn);
     return NCFSM_ERR_INVALID_USAGE;
   }
   /* A joining rank has no comm to ask: where features vary per comm (the
@@ -207,6 +207,10 @@ static void do_split(void *arg) {
     }
     c->comm_id = child_id(q);
     ncfsm__comm_fire(c, NCFSM_EV_INIT_CHILD, NULL); /* CHILD_QUEUED: no handle yet */
+    /* async: the child's ranks in this process compare in memory from its seq 0 */
+    if (c->opts.verify == NCFSM_VERIFY_ASYNC && !c->vops && ncfsm__protocols.attach_verify &&
+        ncfsm__protocols.attach_verify(c, NULL) != NCFSM_OK)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] out of memory: this child runs unverified", c->name);
   }
   ncfsm__comm_config cfg = {c ? c->opts.blocking : 0, c ? c->opts.device : 0, c ? &c->sim : NULL, c ? c->name : NULL};
   if (!c && p) cfg = (ncfsm__comm_config){p->opts.blocking, p->opts.device, &p->sim, p->name};

@@ -60,6 +60,13 @@ ACT(record_events) {
 /* R6: what completed before the revoke keeps its result (the call observed
  * the completions before this step); what did not is stopped by it, and its
  * event completing later proves nothing. */
+/* A rank's collectives in flight were ended here: its peers' matching ones
+ * can never complete, so the verification tells them (the first failure of
+ * the clique names this rank). */
+static void tell_peers_if_launched(ncfsm_comm *c, const char *why) {
+  if (c->vops && (c->launching || ncfsm__comm_inflight(c))) c->vops->failed(c, NCFSM_ERR_ABORTED, why);
+}
+
 ACT(revoke) {
   COMM;
   c->be_calls++;
@@ -70,6 +77,7 @@ ACT(revoke) {
     return;
   }
   p->result = NCFSM_OK;
+  tell_peers_if_launched(c, "it was revoked with collectives in flight (R6)");
   ncfsm__fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
 }
 
@@ -97,6 +105,7 @@ ACT(fail_pending) {
   ncfsm__set_error(c, "%s; outputs of unfinished works are untrusted; abort the communicator (R10)", msg);
   if (!c->failure[0]) snprintf(c->failure, sizeof c->failure, "%s", c->last_error);
   NCFSM_WARN(NCFSM__SUB_FSM, "%s", c->last_error);
+  if (c->vops) c->vops->failed(c, p->cause, c->failure); /* the other ranks learn it (not back: ERR_PEER) */
   ncfsm__fail_all(c, p->cause == NCFSM_ERR_TIMEOUT ? NCFSM_WORK_TIMED_OUT : NCFSM_WORK_FAILED, p->cause);
   ncfsm__children_orphan(c, ncfsm_err_name(p->cause));
   ncfsm__comm_dump(c, NULL, p->cause == NCFSM_ERR_MISMATCH ? "verify" : p->cause == NCFSM_ERR_TIMEOUT ? "timeout" : "error");
@@ -115,6 +124,7 @@ ACT(note_failure) {
 
 ACT(abort_works) {
   COMM;
+  tell_peers_if_launched(c, "it was aborted with collectives in flight (R5)");
   ncfsm__fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
   ncfsm__children_orphan(c, "it was aborted");
 }
@@ -216,6 +226,7 @@ ACT(engine_defect) {
   COMM;
   c->cause = p->cause;
   if (!c->failure[0]) snprintf(c->failure, sizeof c->failure, "%s", c->last_error);
+  if (c->vops) c->vops->failed(c, c->cause, c->failure);
   ncfsm__fail_all(c, NCFSM_WORK_FAILED, c->cause);
   ncfsm__children_orphan(c, "engine defect");
   ncfsm__cev pol = {.cause = p->cause, .code = p->code, .what = p->what, .from = p->from};

@@ -128,7 +128,17 @@ typedef struct ncfsm__verify_ops {
   bool (*poll)(ncfsm_comm *c, uint64_t now);
   /* c is freed */
   void (*free)(ncfsm_comm *c);
+  /* c failed (its cause and message): the verification tells the other ranks */
+  void (*failed)(ncfsm_comm *c, ncfsm_result_t cause, const char *what);
 } ncfsm__verify_ops;
+
+/* Layer 5 plugs in what the calls of layer 4 attach to a comm (set once, at
+ * load time, by fsm/verify.c). */
+typedef struct ncfsm__protocols {
+  /* verification of c: over boot, or (NULL) in memory with its ranks in this process */
+  ncfsm_result_t (*attach_verify)(ncfsm_comm *c, struct ncfsm_boot *boot);
+} ncfsm__protocols_t;
+extern ncfsm__protocols_t ncfsm__protocols;
 
 /* Recovery (layer 5: fsm/recover.c) plugs into a comm's error policy. */
 typedef struct ncfsm__recovery_ops {

@@ -6,6 +6,8 @@
 
 #include "fsm/verify.h"
 
+/* The exchanges in flight (the in-process registration stays: a failure
+ * still reaches the other ranks). */
 static void drop(struct ncfsm__verifier *v) {
   ncfsm__vasync_free(v);
   ncfsm__vstrict_free(v);
@@ -45,6 +47,15 @@ ACT(fail_no_memory) {
   drop(v);
   ncfsm__comm_fail(v->c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NCFSM__NCCL_SUCCESS,
                    "verification: out of memory for a fingerprint exchange (the ranks' exchanges no longer pair)");
+}
+ACT(fail_peer) {
+  VER;
+  drop(v);
+  ncfsm__comm_fail(v->c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_PEER, NCFSM__NCCL_SUCCESS, p->what);
+}
+ACT(post_detail) {
+  VER;
+  ncfsm__vasync_post_detail(v);
 }
 ACT(drop) {
   VER;
@@ -89,9 +100,9 @@ static void on_queued(ncfsm_comm *c, ncfsm_work *w) {
 }
 
 static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
-  (void)w;
   struct ncfsm__verifier *v = ver(c);
-  if (c->opts.verify == NCFSM_VERIFY_ASYNC && v->state == NCFSM__VS_RUNNING) ncfsm__vasync_launched(v);
+  if (v->local) ncfsm__vlocal_launched(v, w); /* every collective, in every state: its peers compare it */
+  else if (c->opts.verify == NCFSM_VERIFY_ASYNC && v->state == NCFSM__VS_RUNNING) ncfsm__vasync_launched(v);
 }
 
 static void on_forget(ncfsm_comm *c, ncfsm_work *w) {
@@ -101,6 +112,9 @@ static void on_forget(ncfsm_comm *c, ncfsm_work *w) {
 
 static bool on_busy(const ncfsm_comm *c) {
   const struct ncfsm__verifier *v = ver(c);
+  if (v->local && v->state == NCFSM__VS_UNVERIFIED) return ncfsm__vlocal_told(v); /* only a peer's failure */
+  if (v->local && polled(v))
+    return ncfsm__vlocal_told(v) || (v->state == NCFSM__VS_WAITING ? ncfsm__has(c, NCFSM_SF_WORKS) : ncfsm__vlocal_busy(v));
   switch (v->state) {
     case NCFSM__VS_WAITING: /* one poll starts it once the comm is in service */
       return v->comp || ncfsm__vstrict_pending(v) || ncfsm__has(c, NCFSM_SF_WORKS);
@@ -108,6 +122,7 @@ static bool on_busy(const ncfsm_comm *c) {
     case NCFSM__VS_JOINING:
     case NCFSM__VS_EXCHANGING:
     case NCFSM__VS_COLLECTING:
+    case NCFSM__VS_DETAILING:
     case NCFSM__VS_BROKEN: return true;
     case NCFSM__VS_RUNNING: return v->vq_head || ncfsm__vstrict_pending(v);
     default: return false;
@@ -117,6 +132,11 @@ static bool on_busy(const ncfsm_comm *c) {
 static bool on_poll(ncfsm_comm *c, uint64_t now) {
   struct ncfsm__verifier *v = ver(c);
   unsigned f = ncfsm__sflags(c->state);
+  char what[512];
+  if (v->local && ncfsm__vlocal_take_failure(v, what, sizeof what)) { /* in any state: an init waits on it too */
+    ncfsm__verify_fire(v, NCFSM__VE_PEER_FAILED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_PEER, what);
+    return true;
+  }
   if (!(f & NCFSM_SF_WORKS)) {
     if (f & NCFSM_SF_LIVE) return false; /* still initialising */
     ncfsm__verify_fire(v, NCFSM__VE_COMM_ENDED, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
@@ -127,22 +147,30 @@ static bool on_poll(ncfsm_comm *c, uint64_t now) {
     ncfsm__verify_fire(v, NCFSM__VE_IN_SERVICE, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
   bool progress = v->state != before;
   if (v->comp) return ncfsm__vcomp_poll(v, now) || progress;
+  if (v->local) return (v->state == NCFSM__VS_RUNNING && ncfsm__vlocal_poll(v, now)) || progress;
+  if (v->state == NCFSM__VS_DETAILING) return ncfsm__vasync_poll_detail(v, now) || progress;
   if (v->state != NCFSM__VS_RUNNING) return progress;
   if (c->opts.verify == NCFSM_VERIFY_ASYNC) progress |= ncfsm__vasync_poll(v, now);
   else progress |= ncfsm__vstrict_poll(v, now);
   return progress;
 }
 
+static void on_failed(ncfsm_comm *c, ncfsm_result_t cause, const char *what) {
+  struct ncfsm__verifier *v = ver(c);
+  if (v->local) ncfsm__vlocal_failed(v, cause, what);
+}
+
 static void on_free(ncfsm_comm *c) {
   struct ncfsm__verifier *v = ver(c);
   if (!v) return;
   drop(v);
+  ncfsm__vlocal_free(v);
   free(v);
   c->ver = NULL;
   c->vops = NULL;
 }
 
-static const ncfsm__verify_ops verify_ops = {on_queued, on_launched, on_forget, on_busy, on_poll, on_free};
+static const ncfsm__verify_ops verify_ops = {on_queued, on_launched, on_forget, on_busy, on_poll, on_free, on_failed};
 
 ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
   struct ncfsm__verifier *v = calloc(1, sizeof *v);
@@ -152,10 +180,13 @@ ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
   v->boot = boot;
   c->ver = v;
   c->vops = &verify_ops;
-  if (c->opts.verify == NCFSM_VERIFY_STRICT && c->opts.verify_channel == NCFSM_VERIFY_CHANNEL_NCCL &&
-      ncfsm__vcomp_new(v) != NCFSM_OK) {
+  if ((!boot && ncfsm__vlocal_new(v) != NCFSM_OK) ||
+      (boot && c->opts.verify == NCFSM_VERIFY_STRICT && c->opts.verify_channel == NCFSM_VERIFY_CHANNEL_NCCL &&
+       ncfsm__vcomp_new(v) != NCFSM_OK)) {
     on_free(c);
     return NCFSM_ERR_NO_MEMORY;
   }
   return NCFSM_OK;
 }
+
+__attribute__((constructor)) static void plug_in(void) { ncfsm__protocols.attach_verify = ncfsm__verify_attach; }

@@ -15,6 +15,8 @@
 struct ncfsm__vreq;
 struct ncfsm__sreq;
 struct ncfsm__comp;
+struct ncfsm__lv;
+struct ncfsm__vdet;
 
 struct ncfsm__verifier {
   unsigned state; /* fsm/verify.def */
@@ -26,6 +28,12 @@ struct ncfsm__verifier {
   struct ncfsm__sreq *sp_head, *sp_tail, *sf_head, *sf_tail;
   uint64_t sround;           /* strict: exchanges posted so far (the same count on every rank) */
   struct ncfsm__comp *comp;  /* strict over channel nccl: the companion communicator */
+  struct ncfsm__lv *local;   /* in-process verification (no bootstrap: boot NULL) */
+  /* async: every collective before det_lo matched; the window up to det_hi
+   * differed (det_hashes), its fingerprints exchanged in det (DETAILING) */
+  uint64_t det_lo, det_hi;
+  char det_hashes[256];
+  struct ncfsm__vdet *det;
 };
 
 /* The payload of a verifier event: how the comm fails (fail_comm). */
@@ -35,8 +43,26 @@ typedef struct ncfsm__vev {
   const char *what;
 } ncfsm__vev;
 
-/* ncfsm_comm_init_boot with opts.verify on: c verifies over boot. */
+/* ncfsm_comm_init_boot with opts.verify on: c verifies over boot; with
+ * boot NULL (ncfsm_comm_init, _init_all, split children), in memory with
+ * its ranks in this process (async only). */
 ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot);
+
+/* ---- verify_report.c ---- */
+/* The fingerprints of one seq on n ranks: false when equal; else true with
+ * the first field that differs and each rank's value in out. */
+bool ncfsm__verify_describe(const ncfsm_fingerprint_t *fps, int n, char *out, size_t len);
+
+/* ---- verify_local.c ---- */
+ncfsm_result_t ncfsm__vlocal_new(struct ncfsm__verifier *v);
+void ncfsm__vlocal_free(struct ncfsm__verifier *v);
+void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w);
+bool ncfsm__vlocal_busy(const struct ncfsm__verifier *v);
+/* A peer's failure is for this rank to apply: true once (with the text). */
+bool ncfsm__vlocal_told(const struct ncfsm__verifier *v);
+bool ncfsm__vlocal_take_failure(struct ncfsm__verifier *v, char *what, size_t len);
+bool ncfsm__vlocal_poll(struct ncfsm__verifier *v, uint64_t now);
+void ncfsm__vlocal_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const char *what);
 /* Fire ev on v (what: the report of DIVERGED, STALLED, CHANNEL_FAILED). */
 void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
                         ncfsm_result_t cause, const char *what);
@@ -45,6 +71,8 @@ void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncf
 void ncfsm__vasync_launched(struct ncfsm__verifier *v);
 bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now);
 void ncfsm__vasync_free(struct ncfsm__verifier *v);
+void ncfsm__vasync_post_detail(struct ncfsm__verifier *v);          /* action post_detail */
+bool ncfsm__vasync_poll_detail(struct ncfsm__verifier *v, uint64_t now);
 
 /* ---- verify_strict.c ---- */
 void ncfsm__vstrict_queued(struct ncfsm__verifier *v, ncfsm_work *w);

@@ -10,6 +10,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fsm/verify.h"
 #include "ncfsm/bootstrap.h"
@@ -25,6 +26,16 @@ struct ncfsm__vreq {
   ncfsm_result_t post_rc; /* a post that failed is reported at the next poll */
   uint64_t t_post;
   struct ncfsm__vreq *next;
+};
+
+#define DETAIL_MAX 256 /* fingerprints per rank: the window's first ones (its first difference is the one named) */
+
+struct ncfsm__vdet {
+  ncfsm_fingerprint_t mine[DETAIL_MAX];
+  ncfsm_fingerprint_t *all; /* nranks * DETAIL_MAX */
+  ncfsm_boot_req *req;
+  ncfsm_result_t post_rc;
+  uint64_t t_post;
 };
 
 static void vreq_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
@@ -63,6 +74,12 @@ static void vreq_free(struct ncfsm__vreq *q) {
  * request freed unfinished makes the bootstrap unusable, which is right:
  * the ranks no longer agree on what comes next). */
 void ncfsm__vasync_free(struct ncfsm__verifier *v) {
+  if (v->det) {
+    if (v->det->req) ncfsm_boot_req_free(v->det->req);
+    free(v->det->all);
+    free(v->det);
+    v->det = NULL;
+  }
   while (v->vq_head) {
     struct ncfsm__vreq *q = v->vq_head;
     v->vq_head = q->next;
@@ -104,19 +121,104 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
     int bad = -1;
     for (int i = 0; i < c->nranks && bad < 0; i++)
       if (q->all[i].seq != q->mine.seq || q->all[i].hash != q->mine.hash) bad = i;
-    if (bad >= 0) {
-      snprintf(what, sizeof what,
-               "verification: the collectives before seq %llu differ across ranks (R11): rolling hash of rank %d "
-               "%016llx, of rank %d %016llx; ncfsm-trace on the ranks' dumps names the seq and field",
+    if (bad >= 0) { /* the window differs: its fingerprints are exchanged next (DETAILING) */
+      snprintf(v->det_hashes, sizeof v->det_hashes,
+               "the collectives before seq %llu differ across ranks (R11): rolling hash of rank %d %016llx, of rank "
+               "%d %016llx",
                (unsigned long long)q->mine.seq, c->rank, (unsigned long long)q->mine.hash, bad,
                (unsigned long long)q->all[bad].hash);
-      ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
+      v->det_hi = q->mine.seq;
+      v->vq_head = q->next;
+      if (!v->vq_head) v->vq_tail = NULL;
+      vreq_free(q);
+      ncfsm__verify_fire(v, NCFSM__VE_HASHES_DIFFER, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, NULL);
       return true;
     }
+    v->det_lo = q->mine.seq; /* every collective before it matched */
     v->vq_head = q->next;
     if (!v->vq_head) v->vq_tail = NULL;
     vreq_free(q);
     progress = true;
   }
   return progress;
+}
+
+/* ---- the detail of a window whose hashes differ (DETAILING) --------------------------------- */
+
+
+/* This rank's fingerprints of seqs [det_lo, det_lo + DETAIL_MAX) from its
+ * flight recorder; seq NCFSM_SEQ_NONE where it holds none any more. */
+static void mine_from_recorder(struct ncfsm__verifier *v, ncfsm_fingerprint_t *out) {
+  ncfsm_comm *c = v->c;
+  for (unsigned i = 0; i < DETAIL_MAX; i++) {
+    memset(&out[i], 0, sizeof out[i]);
+    out[i].seq = NCFSM_SEQ_NONE;
+  }
+  unsigned cap = c->opts.trace_buffer;
+  ncfsm__rec_entry *snap = cap ? malloc((size_t)cap * sizeof *snap) : NULL;
+  unsigned n = snap ? ncfsm__rec_snapshot(c->rec, snap, cap, NULL) : 0;
+  for (unsigned i = 0; i < n; i++) {
+    const ncfsm_fingerprint_t *f = &snap[i].fp;
+    if (f->op == NCFSM_KIND_SEND || f->op == NCFSM_KIND_RECV || f->seq == NCFSM__REC_SEQ_NONE) continue;
+    if (f->seq >= v->det_lo && f->seq < v->det_lo + DETAIL_MAX && f->seq < v->det_hi) out[f->seq - v->det_lo] = *f;
+  }
+  free(snap);
+}
+
+void ncfsm__vasync_post_detail(struct ncfsm__verifier *v) {
+  ncfsm_comm *c = v->c;
+  struct ncfsm__vdet *d = calloc(1, sizeof *d);
+  if (d) d->all = calloc((size_t)c->nranks * DETAIL_MAX, sizeof *d->all);
+  if (!d || !d->all) {
+    free(d);
+    ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, v->det_hashes);
+    return;
+  }
+  mine_from_recorder(v, d->mine);
+  d->t_post = ncfsm__now_ns();
+  d->post_rc = ncfsm_boot_allgather_post(v->boot, d->mine, d->all, sizeof d->mine, &d->req);
+  if (d->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(d->req, vreq_done, c->loop);
+  v->det = d;
+}
+
+bool ncfsm__vasync_poll_detail(struct ncfsm__verifier *v, uint64_t now) {
+  ncfsm_comm *c = v->c;
+  struct ncfsm__vdet *d = v->det;
+  char what[512];
+  if (!d) return false;
+  ncfsm_result_t r = d->post_rc != NCFSM_OK ? d->post_rc : ncfsm_boot_test(d->req);
+  if (r == NCFSM_ERR_AGAIN) {
+    if (c->opts.verify_stall_ms && now > d->t_post && now - d->t_post > c->opts.verify_stall_ms * 1000000ull) {
+      snprintf(what, sizeof what,
+               "verification: %s; the exchange of that window's fingerprints did not complete within %llu ms",
+               v->det_hashes, (unsigned long long)c->opts.verify_stall_ms);
+      ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+      return true;
+    }
+    return false;
+  }
+  if (r != NCFSM_OK) {
+    snprintf(what, sizeof what, "verification: %s; the exchange of that window's fingerprints failed (%s: %s)",
+             v->det_hashes, ncfsm_err_name(r), ncfsm_boot_last_error(v->boot));
+    ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
+    return true;
+  }
+  ncfsm_fingerprint_t stack[8], *one = c->nranks <= 8 ? stack : malloc((size_t)c->nranks * sizeof *one);
+  bool named = false;
+  for (unsigned i = 0; one && i < DETAIL_MAX && !named; i++) {
+    bool whole = true;
+    for (int k = 0; k < c->nranks && whole; k++) {
+      one[k] = d->all[(size_t)k * DETAIL_MAX + i];
+      whole = one[k].seq != NCFSM_SEQ_NONE;
+    }
+    if (whole) named = ncfsm__verify_describe(one, c->nranks, what, sizeof what);
+  }
+  if (one != stack) free(one);
+  if (!named)
+    snprintf(what, sizeof what,
+             "verification: %s; no rank's flight recorder holds the differing collective any more (opts.trace_buffer "
+             "is smaller than the window): ncfsm-trace on the dumps may still name it",
+             v->det_hashes);
+  ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
+  return true;
 }

@@ -10,6 +10,8 @@
 #include "fsm/objects.h"
 #include "ncfsm/bootstrap.h"
 
+ncfsm__protocols_t ncfsm__protocols; /* filled by layer 5 (fsm/verify.c) at load time */
+
 /* ---- the work machine ------------------------------------------------------------ */
 
 static void stats_note(ncfsm__stats *s, ncfsm_work *w, unsigned st) {

@@ -27,7 +27,8 @@ extern "C" {
   X(ERR_MISMATCH, 14, "collective fingerprints differ across ranks")                 \
   X(ERR_BOOTSTRAP, 15, "bootstrap (out-of-band exchange) failed")                    \
   X(ERR_SYSTEM, 16, "system call failed")                                            \
-  X(ERR_AGAIN, 17, "not finished yet; try again")
+  X(ERR_AGAIN, 17, "not finished yet; try again")                                  \
+  X(ERR_PEER, 18, "a peer rank's communicator failed first; outputs are not trustworthy")
 
 typedef enum ncfsm_result {
 #define NCFSM__RESULT_ENUM(name, value, msg) NCFSM_##name = value,

@@ -11,7 +11,11 @@
  * checks the verifier's state (c->ver->state), the comm's resulting state
  * and its failure's message.
  */
+#include <poll.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fsm/verify.h"
 #include "rows_world.h"
@@ -71,16 +75,19 @@ static void failed_with(ncfsm_comm *c, const char *text) {
 static void down(ncfsm_loop *loop, ncfsm_comm **c, ncfsm_boot **b, ncfsm_work **w, int nw) {
   for (int i = 0; i < nw; i++)
     if (w[i]) assert_int_equal(ncfsm_work_release(w[i]), NCFSM_OK);
-  world_down(loop, c, 2, b, 2);
+  world_down(loop, c, 2, b, b ? 2 : 0);
 }
 
 /* ---- async ------------------------------------------------------------------------------------ */
 
-/* WAITING -IN_SERVICE-> RUNNING, then RUNNING -DIVERGED-> FAILED: the ranks'
- * rolling hashes differ (SUM against MAX, R11). */
+/* WAITING -IN_SERVICE-> RUNNING, RUNNING -HASHES_DIFFER-> DETAILING, then
+ * DETAILING -DIVERGED-> FAILED: the ranks' rolling hashes differ (SUM
+ * against MAX, R11); their fingerprints of the window name seq, field and
+ * each rank's value. */
 static void test_async_diverged(void **state) {
   (void)state;
-  unsigned s0 = rows_hits(M, "WAITING", "IN_SERVICE", "ANY"), d0 = rows_hits(M, "RUNNING", "DIVERGED", "ANY");
+  unsigned s0 = rows_hits(M, "WAITING", "IN_SERVICE", "ANY"), h0 = rows_hits(M, "RUNNING", "HASHES_DIFFER", "ANY"),
+           d0 = rows_hits(M, "DETAILING", "DIVERGED", "ANY");
   ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
   ncfsm_comm *c[2];
   ncfsm_boot *b[2];
@@ -90,10 +97,192 @@ static void test_async_diverged(void **state) {
   for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK);
   assert_int_equal(vstate(c[0]), NCFSM__VS_RUNNING);
   for (int r = 0; r < 2; r++) w[2 + r] = op(c[r], r, r ? NCFSM_OP_MAX : NCFSM_OP_SUM);
-  for (int r = 0; r < 2; r++) failed_with(c[r], "differ across ranks (R11)");
+  for (int r = 0; r < 2; r++) failed_with(c[r], "seq 1: redop mismatch: rank 0 redop SUM, rank 1 redop MAX");
   ROW_FIRED(M, "WAITING", "IN_SERVICE", "ANY", s0);
-  ROW_FIRED(M, "RUNNING", "DIVERGED", "ANY", d0);
+  ROW_FIRED(M, "RUNNING", "HASHES_DIFFER", "ANY", h0);
+  ROW_FIRED(M, "DETAILING", "DIVERGED", "ANY", d0);
   down(loop, c, b, w, 4);
+}
+
+/* The window's fingerprints of one rank cannot be allocated: that rank
+ * fails at once with the hashes' text; the other's detail exchange waits.
+ * DETAILING -STALLED-> FAILED after the stall bound (stall_ms set), or
+ * DETAILING -COMM_ENDED-> STOPPED when its comm is aborted (no bound). */
+static void detail_one_short(uint64_t stall_ms, bool abort_it) {
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, stall_ms);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o, &o);
+  ncfsm_work *w[2];
+  rows_fail_calloc(2 * 256, sizeof(ncfsm_fingerprint_t), 1); /* fsm/verify_async.c: DETAIL_MAX per rank */
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, r ? NCFSM_OP_MAX : NCFSM_OP_SUM);
+  int shorted = -1;
+  for (int i = 0; i < 100000 && shorted < 0; i++) {
+    ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
+    for (int r = 0; r < 2; r++)
+      if (vstate(c[r]) == NCFSM__VS_FAILED) shorted = r;
+  }
+  assert_true(shorted >= 0);
+  assert_int_equal(rows_calloc_failed(), 1);
+  want_text(c[shorted], true, "differ across ranks (R11)");
+  ncfsm_comm *other = c[1 - shorted];
+  until_vstate(other, NCFSM__VS_DETAILING);
+  if (abort_it) {
+    assert_int_equal(ncfsm_comm_abort(other), NCFSM_OK);
+    until_vstate(other, NCFSM__VS_STOPPED);
+  } else {
+    failed_with(other, "the exchange of that window's fingerprints did not complete within");
+  }
+  down(loop, c, b, w, 2);
+}
+
+static void test_detail_stalled(void **state) {
+  (void)state;
+  unsigned s0 = rows_hits(M, "DETAILING", "STALLED", "ANY");
+  detail_one_short(STALL_MS, false);
+  ROW_FIRED(M, "DETAILING", "STALLED", "ANY", s0);
+}
+
+static void test_detail_comm_ended(void **state) {
+  (void)state;
+  unsigned e0 = rows_hits(M, "DETAILING", "COMM_ENDED", "ANY");
+  detail_one_short(0, true);
+  ROW_FIRED(M, "DETAILING", "COMM_ENDED", "ANY", e0);
+}
+
+/* ---- in process (no bootstrap: ncfsm_comm_init) --------------------------------------------- */
+
+static ncfsm_loop *lpair(ncfsm_comm **c, const ncfsm_comm_opts *o0, const ncfsm_comm_opts *o1) {
+  ncfsm_loop *loop = loop_new();
+  comms_init(loop, 2, (const ncfsm_comm_opts *[]){o0, o1}, c);
+  return loop;
+}
+
+/* RUNNING -DIVERGED-> FAILED: the ranks compare their fingerprints in memory. */
+static void test_local_diverged(void **state) {
+  (void)state;
+  unsigned d0 = rows_hits(M, "RUNNING", "DIVERGED", "ANY");
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = lpair(c, &o, &o);
+  for (int r = 0; r < 2; r++) want_state(c[r], NCFSM_STATE_READY);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, r ? NCFSM_OP_MAX : NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) failed_with(c[r], "seq 0: redop mismatch: rank 0 redop SUM, rank 1 redop MAX");
+  ROW_FIRED(M, "RUNNING", "DIVERGED", "ANY", d0);
+  down(loop, c, NULL, w, 2);
+}
+
+/* RUNNING -PEER_FAILED-> FAILED: rank 1's comm fails (an async error at its
+ * op 0); rank 0 fails with NCFSM_ERR_PEER, naming it. */
+static void test_local_peer_failed(void **state) {
+  (void)state;
+  unsigned p0 = rows_hits(M, "RUNNING", "PEER_FAILED", "ANY");
+  kit_begin("local-peer");
+  ncfsm_fault f = kit_fault_of(NCFSM_FAULT_ASYNC_ERROR, "v", 1);
+  f.when = NCFSM_AT_OP;
+  f.at = 0;
+  kit_fault(&f);
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = lpair(c, &o, &o);
+  for (int r = 0; r < 2; r++) want_state(c[r], NCFSM_STATE_READY);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  want_state(c[1], NCFSM_STATE_ERROR);
+  failed_with(c[0], "rank 1's comm failed first");
+  want_text(c[0], true, "NCFSM_ERR_PEER");
+  ROW_FIRED(M, "RUNNING", "PEER_FAILED", "ANY", p0);
+  down(loop, c, NULL, w, 2);
+  kit_end();
+}
+
+/* WAITING -PEER_FAILED-> FAILED: rank 1's init fails while rank 0's is in
+ * progress: rank 0 does not wait for an init that cannot complete. */
+static void test_local_peer_failed_at_init(void **state) {
+  (void)state;
+  unsigned p0 = rows_hits(M, "WAITING", "PEER_FAILED", "ANY");
+  kit_begin("local-peer-init");
+  ncfsm_fault f = kit_fault_of(NCFSM_FAULT_INIT_HANG, "v", 0); /* rank 0's init would never end */
+  kit_fault(&f);
+  ncfsm_fault g = kit_fault_of(NCFSM_FAULT_INIT_FAIL, "v", 1);
+  kit_fault(&g);
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = lpair(c, &o, &o);
+  want_state(c[1], NCFSM_STATE_INIT_FAILED);
+  want_state(c[0], NCFSM_STATE_INIT_FAILED);
+  want_text(c[0], true, "rank 1's comm failed first");
+  assert_int_equal(vstate(c[0]), NCFSM__VS_FAILED);
+  ROW_FIRED(M, "WAITING", "PEER_FAILED", "ANY", p0);
+  down(loop, c, NULL, NULL, 0);
+  kit_end();
+}
+
+/* RUNNING -NO_CHANNEL-> UNVERIFIED, then UNVERIFIED -PEER_FAILED-> FAILED:
+ * ranks 0 and 1 here, rank 2 in a child process, no bootstrap: nothing can
+ * be compared; a failure of rank 1 (an async error at its op 1) still
+ * reaches rank 0. The child submits its op 0 when told ('o'), ends on 'q'. */
+static void test_local_no_channel(void **state) {
+  (void)state;
+  unsigned n0 = rows_hits(M, "RUNNING", "NO_CHANNEL", "ANY"), p0 = rows_hits(M, "UNVERIFIED", "PEER_FAILED", "ANY");
+  ncfsm_unique_id id;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
+  int pp[2];
+  assert_int_equal(pipe(pp), 0);
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, STALL_MS);
+  pid_t pid = rows_fork();
+  if (pid == 0) {
+    close(pp[1]);
+    ncfsm_loop *l = loop_new();
+    ncfsm_comm *k;
+    if (ncfsm_comm_new(l, &o, &k) != NCFSM_OK || ncfsm_comm_init(k, 3, 2, &id) != NCFSM_OK) rows_child_exit(2);
+    for (int i = 0; i < 200000; i++) {
+      ncfsm_loop_run(l, NCFSM_RUN_NOWAIT);
+      struct pollfd pf = {pp[0], POLLIN, 0};
+      char ch = 0;
+      if (poll(&pf, 1, 0) > 0 && read(pp[0], &ch, 1) == 1) {
+        if (ch == 'q') break;
+        if (ch == 'o') op(k, 0, NCFSM_OP_SUM);
+      }
+      struct timespec ts = {0, 100000};
+      nanosleep(&ts, NULL);
+    }
+    rows_child_exit(0);
+  }
+  close(pp[0]);
+  kit_begin("local-unverified");
+  ncfsm_fault f = kit_fault_of(NCFSM_FAULT_ASYNC_ERROR, "v", 1);
+  f.when = NCFSM_AT_OP;
+  f.at = 1; /* its second op: the first one runs with rank 2's */
+  kit_fault(&f);
+  ncfsm_loop *loop = loop_new();
+  ncfsm_comm *c[2];
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(ncfsm_comm_new(loop, &o, &c[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_comm_init(c[r], 3, r, &id), NCFSM_OK);
+  }
+  for (int r = 0; r < 2; r++) want_state(c[r], NCFSM_STATE_READY);
+  /* with collectives of its own in flight the verifier looks: after the
+   * stall bound, the ranks still missing make it UNVERIFIED */
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) until_vstate(c[r], NCFSM__VS_UNVERIFIED);
+  ROW_FIRED(M, "RUNNING", "NO_CHANNEL", "ANY", n0);
+  assert_int_equal(write(pp[1], "o", 1), 1); /* rank 2's op: the first collective completes */
+  for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(ncfsm_work_release(w[r]), NCFSM_OK);
+    w[r] = op(c[r], r, NCFSM_OP_SUM); /* rank 1's fails at once (the fault) */
+  }
+  want_state(c[1], NCFSM_STATE_ERROR);
+  failed_with(c[0], "rank 1's comm failed first");
+  ROW_FIRED(M, "UNVERIFIED", "PEER_FAILED", "ANY", p0);
+  assert_int_equal(write(pp[1], "q", 1), 1);
+  close(pp[1]);
+  assert_int_equal(rows_wait_child(pid), 0);
+  down(loop, c, NULL, w, 2);
+  kit_end();
 }
 
 /* RUNNING -STALLED-> FAILED: rank 1 does not verify, so rank 0's exchange never completes. */
@@ -405,6 +594,12 @@ static void test_every_row_walked(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_async_diverged, kit_teardown),
+      cmocka_unit_test_teardown(test_detail_stalled, kit_teardown),
+      cmocka_unit_test_teardown(test_detail_comm_ended, kit_teardown),
+      cmocka_unit_test_teardown(test_local_diverged, kit_teardown),
+      cmocka_unit_test_teardown(test_local_peer_failed, kit_teardown),
+      cmocka_unit_test_teardown(test_local_peer_failed_at_init, kit_teardown),
+      cmocka_unit_test_teardown(test_local_no_channel, kit_teardown),
       cmocka_unit_test_teardown(test_async_stalled, kit_teardown),
       cmocka_unit_test_teardown(test_async_channel_failed, kit_teardown),
       cmocka_unit_test_teardown(test_async_comm_ended, kit_teardown),

@@ -160,10 +160,10 @@ static void test_split_misuse(void **state) {
   assert_int_equal(ncfsm_comm_split(p[0], -5, 0, ch), NCFSM_ERR_INVALID_ARGUMENT);
   assert_int_equal(ncfsm_comm_split(p[0], 0, 0, p[1]), NCFSM_ERR_ILLEGAL_STATE);
   assert_non_null(strstr(ncfsm_comm_last_error(p[1]), "NEW"));
-  /* a child with verification on */
+  /* a child with strict verification (it needs a bootstrap of the child's ranks) */
   ncfsm_comm_opts o;
   test_comm_opts(&o, &so);
-  o.verify = NCFSM_VERIFY_ASYNC;
+  o.verify = NCFSM_VERIFY_STRICT;
   ncfsm_comm *vch;
   assert_int_equal(ncfsm_comm_new(loop, &o, &vch), NCFSM_OK);
   assert_int_equal(ncfsm_comm_split(p[0], 0, 0, vch), NCFSM_ERR_INVALID_USAGE);
