@@ -48,6 +48,20 @@ int ncfsm_work_launched(const ncfsm_work *w) {
   return l;
 }
 
+unsigned ncfsm_work_evidence(const ncfsm_work *w) {
+  if (!ncfsm__work_ok(w)) return 0;
+  ncfsm_comm *c = w->comm;
+  NCFSM__LOCK(c->loop);
+  unsigned e = NCFSM_EVIDENCE_ACCEPTED;
+  bool collective = w->fp.op != NCFSM_KIND_SEND && w->fp.op != NCFSM_KIND_RECV;
+  if (w->t_launch) e |= NCFSM_EVIDENCE_LAUNCHED;
+  if (w->t_final) e |= NCFSM_EVIDENCE_FINAL;
+  if (w->state == NCFSM_WORK_COMPLETED) e |= NCFSM_EVIDENCE_COMPLETE;
+  if (w->t_launch && collective && c->vops && w->fp.seq < c->vops->verified(c)) e |= NCFSM_EVIDENCE_VERIFIED;
+  NCFSM__UNLOCK(c->loop);
+  return e;
+}
+
 /* Final, and its callback ran: the engine's reference (held from submit to
  * the callback) is gone, only the user's remains. */
 static bool work_delivered(void *arg) {

@@ -28,6 +28,9 @@ typedef struct snap_comm {
   ncfsm_state_t state;
   uint64_t state_since_ns, created_ns, timeout_ms;
   uint64_t seq, hash, comm_id;
+  ncfsm_verify_mode_t verify;
+  const char *verify_state; /* the verifier's state name (static), NULL: none */
+  uint64_t verified_seq;
   ncfsm_result_t cause;
   int async_code;
   uint64_t works[NCFSM_WORK_STATE_COUNT]; /* unfinished works by state */
@@ -111,6 +114,9 @@ static void copy_comm(const ncfsm_loop *loop, const ncfsm_comm *c, snap_comm *s,
   s->seq = c->coll_seq;
   s->hash = c->hash;
   s->comm_id = c->comm_id;
+  s->verify = c->opts.verify;
+  s->verify_state = c->vops ? c->vops->state_name(c) : NULL;
+  s->verified_seq = c->vops ? c->vops->verified(c) : 0;
   s->cause = c->cause;
   s->async_code = c->async_code;
   copy_works(loop, c, s);
@@ -267,6 +273,12 @@ static json_t *comm_json(const snap_comm *s, uint64_t now) {
   json_object_set_new(o, "failed", json_boolean(comm_failed(s->state, s->failure)));
   json_object_set_new(o, "seq", json_integer((json_int_t)s->seq));
   json_object_set_new(o, "hash", hex64(s->hash));
+  static const char *const vmode[] = {"off", "async", "strict"};
+  json_t *vo = json_object();
+  json_object_set_new(vo, "mode", json_string((unsigned)s->verify < 3 ? vmode[s->verify] : "?"));
+  json_object_set_new(vo, "state", s->verify_state ? json_string(s->verify_state) : json_null());
+  json_object_set_new(vo, "verified_seq", json_integer((json_int_t)s->verified_seq));
+  json_object_set_new(o, "verify", vo);
   json_object_set_new(o, "timeout_ms", json_integer((json_int_t)s->timeout_ms));
   json_object_set_new(o, "last_error", json_string(s->last_error));
   json_object_set_new(o, "failure", json_string(s->failure));

@@ -130,6 +130,10 @@ typedef struct ncfsm__verify_ops {
   void (*free)(ncfsm_comm *c);
   /* c failed (its cause and message): the verification tells the other ranks */
   void (*failed)(ncfsm_comm *c, ncfsm_result_t cause, const char *what);
+  /* every collective of c below this seq is known equal on every rank; the
+   * verifier's state name (its status) */
+  uint64_t (*verified)(const ncfsm_comm *c);
+  const char *(*state_name)(const ncfsm_comm *c);
 } ncfsm__verify_ops;
 
 /* Layer 5 plugs in what the calls of layer 4 attach to a comm (set once, at

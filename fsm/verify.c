@@ -160,6 +160,16 @@ static void on_failed(ncfsm_comm *c, ncfsm_result_t cause, const char *what) {
   if (v->local) ncfsm__vlocal_failed(v, cause, what);
 }
 
+static uint64_t on_verified(const ncfsm_comm *c) {
+  const struct ncfsm__verifier *v = ver(c);
+  if (v->local) return ncfsm__vlocal_verified(v);
+  /* strict: a collective launches only once every rank's fingerprint equals its own */
+  if (c->opts.verify == NCFSM_VERIFY_STRICT) return v->state == NCFSM__VS_FAILED ? 0 : c->coll_seq;
+  return v->det_lo; /* async: every window up to it matched */
+}
+
+static const char *on_state_name(const ncfsm_comm *c) { return ncfsm__m_verify.states[ver(c)->state].name; }
+
 static void on_free(ncfsm_comm *c) {
   struct ncfsm__verifier *v = ver(c);
   if (!v) return;
@@ -170,7 +180,8 @@ static void on_free(ncfsm_comm *c) {
   c->vops = NULL;
 }
 
-static const ncfsm__verify_ops verify_ops = {on_queued, on_launched, on_forget, on_busy, on_poll, on_free, on_failed};
+static const ncfsm__verify_ops verify_ops = {on_queued, on_launched, on_forget, on_busy,     on_poll,
+                                             on_free,   on_failed,   on_verified, on_state_name};
 
 ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
   struct ncfsm__verifier *v = calloc(1, sizeof *v);

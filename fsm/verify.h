@@ -58,6 +58,7 @@ ncfsm_result_t ncfsm__vlocal_new(struct ncfsm__verifier *v);
 void ncfsm__vlocal_free(struct ncfsm__verifier *v);
 void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w);
 bool ncfsm__vlocal_busy(const struct ncfsm__verifier *v);
+uint64_t ncfsm__vlocal_verified(const struct ncfsm__verifier *v); /* every seq below it compared equal */
 /* A peer's failure is for this rank to apply: true once (with the text). */
 bool ncfsm__vlocal_told(const struct ncfsm__verifier *v);
 bool ncfsm__vlocal_take_failure(struct ncfsm__verifier *v, char *what, size_t len);

@@ -321,6 +321,8 @@ void ncfsm__vlocal_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const
   pthread_mutex_unlock(&lmu);
 }
 
+uint64_t ncfsm__vlocal_verified(const struct ncfsm__verifier *v) { return v->local->checked; }
+
 ncfsm_result_t ncfsm__vlocal_new(struct ncfsm__verifier *v) {
   v->local = calloc(1, sizeof *v->local);
   if (!v->local) return NCFSM_ERR_NO_MEMORY;

@@ -558,6 +558,18 @@ ncfsm_comm *ncfsm_work_comm(const ncfsm_work *w);
  * completed or failed since): its NCCL kernels were put on the stream, and
  * dependent stream work may be queued behind them (R2). */
 int ncfsm_work_launched(const ncfsm_work *w);
+/* What is known about a work, as bits: each layer of evidence says more
+ * than the one before it, and only VERIFIED speaks for the other ranks. */
+typedef enum ncfsm_evidence {
+  NCFSM_EVIDENCE_ACCEPTED = 1u << 0, /* ncfsm accepted it (the state and arguments were legal) */
+  NCFSM_EVIDENCE_LAUNCHED = 1u << 1, /* handed to NCCL: it has its seq */
+  NCFSM_EVIDENCE_FINAL = 1u << 2,    /* its launch polled to ncclSuccess here: its kernels are on the stream (R2) */
+  NCFSM_EVIDENCE_COMPLETE = 1u << 3, /* its completion event completed: done on this rank's stream */
+  NCFSM_EVIDENCE_VERIFIED = 1u << 4  /* a collective every rank launched with the same fingerprint at its seq
+                                        (R11; needs verification, on by default where ranks can compare) */
+} ncfsm_evidence_t;
+/* The bits of ncfsm_evidence_t that hold for w now (0 for an invalid handle). */
+unsigned ncfsm_work_evidence(const ncfsm_work *w);
 /* Blocking: run the loop until the work is final and returns its final
  * status (NCFSM_ERR_TIMEOUT only when the watchdog timed the work out), or
  * NCFSM_ERR_AGAIN when timeout_ms (0 = no limit) passed first: the work

@@ -9,10 +9,12 @@
  * R11).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "helpers.h"
+#include "ncfsm/introspect.h"
 
 #define N 2
 static int32_t buf[N][64][8];
@@ -194,13 +196,42 @@ static void test_split_child_verifies(void **state) {
   teardown_all(loop, p, N);
 }
 
+/* The layers of evidence: a collective every rank launched alike is
+ * VERIFIED once compared; with verification off it never is. /status says
+ * how far the comm is verified. */
+static void test_evidence(void **state) {
+  (void)state;
+  for (int mode = 0; mode < 2; mode++) {
+    ncfsm_comm *c[N];
+    ncfsm_loop *loop = two(c, mode ? NCFSM_VERIFY_ASYNC : NCFSM_VERIFY_OFF, 500);
+    ncfsm_work *w[N];
+    for (int r = 0; r < N; r++)
+      assert_int_equal(ncfsm_allreduce(c[r], buf[r][0], buf[r][0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w[r]),
+                       NCFSM_OK);
+    assert_int_equal(ncfsm_work_evidence(w[0]), NCFSM_EVIDENCE_ACCEPTED); /* queued */
+    for (int r = 0; r < N; r++) assert_int_equal(ncfsm_work_wait(w[r], 5000), NCFSM_OK);
+    run_turns(loop, 5); /* the comparison runs at the loop's turns */
+    unsigned want = NCFSM_EVIDENCE_ACCEPTED | NCFSM_EVIDENCE_LAUNCHED | NCFSM_EVIDENCE_FINAL | NCFSM_EVIDENCE_COMPLETE |
+                    (mode ? NCFSM_EVIDENCE_VERIFIED : 0u);
+    for (int r = 0; r < N; r++) assert_int_equal(ncfsm_work_evidence(w[r]), want);
+    char *js = NULL;
+    assert_int_equal(ncfsm_loop_status_text(loop, NULL, &js, NULL), NCFSM_OK);
+    if (mode) assert_non_null(strstr(js, "\"verify\":{\"mode\":\"async\",\"state\":\"RUNNING\",\"verified_seq\":1}"));
+    else assert_non_null(strstr(js, "\"verify\":{\"mode\":\"off\",\"state\":null,\"verified_seq\":0}"));
+    free(js);
+    for (int r = 0; r < N; r++) ncfsm_work_release(w[r]);
+    assert_int_equal(ncfsm_work_evidence(NULL), 0u);
+    teardown_all(loop, c, N);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_redop),       cmocka_unit_test(test_dtype),
       cmocka_unit_test(test_root),        cmocka_unit_test(test_count),
       cmocka_unit_test(test_op),          cmocka_unit_test(test_off_is_silent),
       cmocka_unit_test(test_skip_names_the_rank), cmocka_unit_test(test_peer_failure_reaches_the_others),
-      cmocka_unit_test(test_split_child_verifies),
+      cmocka_unit_test(test_split_child_verifies), cmocka_unit_test(test_evidence),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
