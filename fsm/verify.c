@@ -101,8 +101,9 @@ static void on_queued(ncfsm_comm *c, ncfsm_work *w) {
 
 static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
   struct ncfsm__verifier *v = ver(c);
-  if (v->local) ncfsm__vlocal_launched(v, w); /* every collective, in every state: its peers compare it */
-  else if (c->opts.verify == NCFSM_VERIFY_ASYNC && v->state == NCFSM__VS_RUNNING) ncfsm__vasync_launched(v);
+  bool p2p = w->fp.op == NCFSM_KIND_SEND || w->fp.op == NCFSM_KIND_RECV;
+  if (v->local) ncfsm__vlocal_launched(v, w); /* every launch, in every state: its peers compare it */
+  else if (!p2p && c->opts.verify == NCFSM_VERIFY_ASYNC && v->state == NCFSM__VS_RUNNING) ncfsm__vasync_launched(v);
 }
 
 static void on_forget(ncfsm_comm *c, ncfsm_work *w) {

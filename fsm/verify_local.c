@@ -21,12 +21,20 @@
 #include "fsm/verify.h"
 
 #define LRING 2048 /* fingerprints per rank: more than NCCL lets a rank run ahead (R13) */
+#define PRING 256  /* send/recv fingerprints per (rank, peer, direction) */
 #define FPW (sizeof(ncfsm_fingerprint_t) / sizeof(uint64_t))
 _Static_assert(sizeof(ncfsm_fingerprint_t) % sizeof(uint64_t) == 0, "a fingerprint is whole 64-bit words");
+
+/* A rank's sends to one peer, or its receives from one: per-pair seqs. */
+typedef struct pring {
+  _Atomic uint64_t next;
+  uint64_t ring[PRING][FPW];
+} pring;
 
 typedef struct lmember {
   _Atomic uint64_t next_seq; /* the seq its next collective takes: ring[s % LRING] holds s < next_seq */
   uint64_t ring[LRING][FPW];
+  pring *_Atomic *p2p;       /* [2 * nranks]: sends to peer p at 2p, receives from it at 2p + 1 (made on use) */
   struct ncfsm__verifier *v; /* NULL: not registered (yet, or any more) */
   ncfsm_loop *loop;
   _Atomic int inbox;         /* the clique's failure is for it to apply */
@@ -47,6 +55,8 @@ typedef struct lclique {
 
 struct ncfsm__lv {
   lclique *q;        /* NULL until registered (a split child learns its rank at INIT_DONE) */
+  uint64_t *p2p_checked; /* [2 * nranks]: per pair of this rank (its sends to p, its receives from p) */
+  bool p2p_dirty;    /* a send or receive of it is not compared yet */
   int rank;
   uint64_t checked;  /* every seq below it was compared across all ranks */
   uint64_t t_start;  /* when it started (IN_SERVICE): NO_CHANNEL after verify_stall_ms with ranks missing */
@@ -76,6 +86,19 @@ static void reg(struct ncfsm__verifier *v) {
                  c->rank);
       return;
     }
+    for (int r = 0; r < c->nranks && q; r++)
+      if (!(q->m[r].p2p = calloc(2 * (size_t)c->nranks, sizeof *q->m[r].p2p))) {
+        for (int k = 0; k < r; k++) free(q->m[k].p2p);
+        free(q->m);
+        free(q);
+        q = NULL;
+      }
+    if (!q) {
+      pthread_mutex_unlock(&lmu);
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] verification: out of memory: this comm is not verified", c->name,
+                 c->rank);
+      return;
+    }
     q->id = c->comm_id;
     q->nranks = c->nranks;
     q->next = lhead;
@@ -87,6 +110,7 @@ static void reg(struct ncfsm__verifier *v) {
   q->refs++;
   lv->q = q;
   lv->rank = c->rank;
+  lv->p2p_checked = calloc(2 * (size_t)c->nranks, sizeof *lv->p2p_checked); /* NULL: sends and receives unchecked */
   if (q->failed) atomic_store(&q->m[c->rank].inbox, 1); /* a peer failed before this rank registered */
   pthread_mutex_unlock(&lmu);
 }
@@ -103,38 +127,64 @@ static void unreg(struct ncfsm__lv *lv) {
         *pp = q->next;
         break;
       }
+    for (int r = 0; r < q->nranks; r++) {
+      for (int k = 0; k < 2 * q->nranks; k++) free(atomic_load(&q->m[r].p2p[k]));
+      free(q->m[r].p2p);
+    }
     free(q->m);
     free(q);
   }
   pthread_mutex_unlock(&lmu);
   lv->q = NULL;
+  free(lv->p2p_checked);
+  lv->p2p_checked = NULL;
 }
 
 /* ---- publishing and reading fingerprints -------------------------------------------------- */
+
+static bool is_p2p(const ncfsm_fingerprint_t *f) { return f->op == NCFSM_KIND_SEND || f->op == NCFSM_KIND_RECV; }
+
+static void put_words(uint64_t *slot, const ncfsm_fingerprint_t *f) {
+  uint64_t words[FPW];
+  memcpy(words, f, sizeof words);
+  for (size_t i = 0; i < FPW; i++) __atomic_store_n(&slot[i], words[i], __ATOMIC_RELAXED);
+}
 
 void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
   struct ncfsm__lv *lv = v->local;
   if (!lv->q) reg(v);
   if (!lv->q) return;
   lmember *me = &lv->q->m[lv->rank];
-  uint64_t words[FPW];
-  memcpy(words, &w->fp, sizeof words);
-  uint64_t *slot = me->ring[w->fp.seq % LRING];
-  for (size_t i = 0; i < FPW; i++) __atomic_store_n(&slot[i], words[i], __ATOMIC_RELAXED);
+  if (is_p2p(&w->fp)) {
+    int k = 2 * w->fp.peer + (w->fp.op == NCFSM_KIND_RECV);
+    pring *pr = atomic_load_explicit(&me->p2p[k], memory_order_acquire);
+    if (!pr) { /* its first with this peer (this rank is the ring's only writer) */
+      if (!(pr = calloc(1, sizeof *pr))) return; /* unverified: its peer's side finds nothing to compare */
+      atomic_store_explicit(&me->p2p[k], pr, memory_order_release);
+    }
+    put_words(pr->ring[w->fp.seq % PRING], &w->fp);
+    atomic_store_explicit(&pr->next, w->fp.seq + 1, memory_order_release);
+    lv->p2p_dirty = true;
+    return;
+  }
+  put_words(me->ring[w->fp.seq % LRING], &w->fp);
   atomic_store_explicit(&me->next_seq, w->fp.seq + 1, memory_order_release);
 }
 
-/* Member m's fingerprint of seq s (s < its next seq): false when its ring
- * no longer holds it (it ran more than LRING collectives past s). */
-static bool read_fp(lmember *m, uint64_t s, ncfsm_fingerprint_t *out) {
+/* The fingerprint of seq s in a ring of n slots whose next seq is *next:
+ * false when the ring no longer holds it (its writer went n past s). */
+static bool read_slot(uint64_t (*ring)[FPW], unsigned n, _Atomic uint64_t *next, uint64_t s, ncfsm_fingerprint_t *out) {
   uint64_t words[FPW];
-  const uint64_t *slot = m->ring[s % LRING];
+  const uint64_t *slot = ring[s % n];
   for (size_t i = 0; i < FPW; i++) words[i] = __atomic_load_n(&slot[i], __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
-  uint64_t next = atomic_load_explicit(&m->next_seq, memory_order_acquire);
-  if (next > s + LRING) return false;
+  if (atomic_load_explicit(next, memory_order_acquire) > s + n) return false;
   memcpy(out, words, sizeof words);
   return out->seq == s;
+}
+
+static bool read_fp(lmember *m, uint64_t s, ncfsm_fingerprint_t *out) {
+  return read_slot(m->ring, LRING, &m->next_seq, s, out);
 }
 
 /* ---- the checks ------------------------------------------------------------------------------ */
@@ -188,6 +238,52 @@ static const ncfsm_work *oldest_launched(const ncfsm_comm *c, uint64_t below) {
   return old;
 }
 
+/* The sends and receives between this rank and each peer: a send's count
+ * and type must be its receive's. True (and the report) at the first pair
+ * seq that differs; clears p2p_dirty once every pair is compared up to
+ * what both sides launched. */
+static bool compare_p2p(struct ncfsm__verifier *v, char *what, size_t len) {
+  struct ncfsm__lv *lv = v->local;
+  lclique *q = lv->q;
+  if (!lv->p2p_checked) return false;
+  bool behind = false;
+  for (int p = 0; p < q->nranks; p++) {
+    if (p == lv->rank) continue;
+    for (int dir = 0; dir < 2; dir++) { /* 0: my sends to p, 1: my receives from p */
+      pring *mine = atomic_load_explicit(&q->m[lv->rank].p2p[2 * p + dir], memory_order_acquire);
+      pring *theirs = atomic_load_explicit(&q->m[p].p2p[2 * lv->rank + (1 - dir)], memory_order_acquire);
+      if (!mine) continue;
+      uint64_t my_next = atomic_load_explicit(&mine->next, memory_order_acquire);
+      uint64_t their_next = theirs ? atomic_load_explicit(&theirs->next, memory_order_acquire) : 0;
+      uint64_t hi = my_next < their_next ? my_next : their_next, *at = &lv->p2p_checked[2 * p + dir];
+      for (; *at < hi; (*at)++) {
+        ncfsm_fingerprint_t a, b;
+        if (!read_slot(mine->ring, PRING, &mine->next, *at, &a) || !read_slot(theirs->ring, PRING, &theirs->next, *at, &b))
+          continue;
+        bool count = a.count != b.count, dtype = a.dtype != b.dtype;
+        if (!count && !dtype) continue;
+        int sender = dir ? p : lv->rank, receiver = dir ? lv->rank : p;
+        const ncfsm_fingerprint_t *s = dir ? &b : &a, *r = dir ? &a : &b;
+        if (count)
+          snprintf(what, len,
+                   "verification: send/recv seq %" PRIu64 " from rank %d to rank %d: count mismatch: rank %d sends "
+                   "%" PRIu64 ", rank %d receives %" PRIu64 " (the pair's outputs are untrusted)",
+                   *at, sender, receiver, sender, s->count, receiver, r->count);
+        else
+          snprintf(what, len,
+                   "verification: send/recv seq %" PRIu64 " from rank %d to rank %d: dtype mismatch: rank %d sends "
+                   "%s, rank %d receives %s (the pair's outputs are untrusted)",
+                   *at, sender, receiver, sender, ncfsm_dtype_name((ncfsm_dtype_t)s->dtype), receiver,
+                   ncfsm_dtype_name((ncfsm_dtype_t)r->dtype));
+        return true;
+      }
+      behind |= *at < my_next;
+    }
+  }
+  lv->p2p_dirty = behind;
+  return false;
+}
+
 /* Is some collective below seq s unfinished and able to complete on its
  * own: not in one launch with a collective from s on (a launch's works
  * complete together behind one event on each stream)? */
@@ -210,11 +306,43 @@ static bool completes_before(const ncfsm_comm *c, uint64_t s) {
 
 /* A collective of this rank waiting longer than verify_stall_ms: the ranks
  * that never launched it and where each is. */
+/* A send or receive of this rank waiting longer than the stall bound whose
+ * peer never posted its side: the peer named, with its last seq of the pair. */
+static bool p2p_stalled(struct ncfsm__verifier *v, uint64_t now, uint64_t stall_ns, char *what, size_t len) {
+  ncfsm_comm *c = v->c;
+  struct ncfsm__lv *lv = v->local;
+  const ncfsm_work *lists[1 + 64];
+  int nl = 0;
+  lists[nl++] = c->launching;
+  for (int i = 0; i < c->nsq && nl < 65; i++) lists[nl++] = c->sq[i].head;
+  for (int a = 0; a < nl; a++)
+    for (const ncfsm_work *w = lists[a]; w; w = w->next) {
+      if (!is_p2p(&w->fp) || now < w->t_launch || now - w->t_launch < stall_ns) continue;
+      bool send = w->fp.op == NCFSM_KIND_SEND;
+      int p = w->fp.peer;
+      if (p < 0 || p >= lv->q->nranks) continue;
+      pring *theirs = atomic_load_explicit(&lv->q->m[p].p2p[2 * lv->rank + (send ? 1 : 0)], memory_order_acquire);
+      uint64_t next = theirs ? atomic_load_explicit(&theirs->next, memory_order_acquire) : 0;
+      if (next > w->fp.seq) continue; /* its side is posted: NCCL has the pair */
+      char where[64];
+      if (next) snprintf(where, sizeof where, "its last %s is seq %" PRIu64, send ? "receive from it" : "send to it", next - 1);
+      else snprintf(where, sizeof where, "it posted no %s", send ? "receive from it" : "send to it");
+      snprintf(what, len,
+               "verification: %s seq %" PRIu64 " %s rank %d was launched here %" PRIu64 " ms ago; rank %d never posted "
+               "the matching %s (%s): it stopped, skipped it or is far behind",
+               send ? "send" : "receive", w->fp.seq, send ? "to" : "from", p, (uint64_t)((now - w->t_launch) / 1000000u),
+               p, send ? "receive" : "send", where);
+      return true;
+    }
+  return false;
+}
+
 static bool stalled(struct ncfsm__verifier *v, uint64_t now, char *what, size_t len) {
   ncfsm_comm *c = v->c;
   lclique *q = v->local->q;
   uint64_t stall_ns = c->opts.verify_stall_ms * 1000000ull;
   const ncfsm_work *old = oldest_launched(c, UINT64_MAX);
+  if (stall_ns && p2p_stalled(v, now, stall_ns, what, len)) return true;
   if (!old || !stall_ns || now < old->t_launch || now - old->t_launch < stall_ns) return false;
   int n = snprintf(what, len, "verification: collective seq %" PRIu64 " (%s) was launched here %" PRIu64 " ms ago; ",
                    old->fp.seq, ncfsm_opkind_name((ncfsm_opkind_t)old->fp.op), (uint64_t)((now - old->t_launch) / 1000000u));
@@ -238,7 +366,7 @@ static bool stalled(struct ncfsm__verifier *v, uint64_t now, char *what, size_t 
 bool ncfsm__vlocal_busy(const struct ncfsm__verifier *v) {
   const struct ncfsm__lv *lv = v->local;
   if (!lv->q) return ncfsm__has(v->c, NCFSM_SF_WORKS);
-  if (lv->diverged) return true;
+  if (lv->diverged || lv->p2p_dirty) return true;
   if (__atomic_load_n(&lv->q->nreg, __ATOMIC_ACQUIRE) == lv->q->nranks && all_launched(lv->q) > lv->checked)
     return true; /* seqs to compare */
   return ncfsm__comm_inflight(v->c) || v->c->launching; /* something of its own may wait on a peer */
@@ -285,6 +413,10 @@ bool ncfsm__vlocal_poll(struct ncfsm__verifier *v, uint64_t now) {
    * they keep their results (the comm fails once they finished) */
   if (lv->diverged && !completes_before(v->c, lv->checked)) {
     ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, lv->report);
+    return true;
+  }
+  if (!lv->diverged && compare_p2p(v, what, sizeof what)) {
+    ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
     return true;
   }
   if (stalled(v, now, what, sizeof what)) {

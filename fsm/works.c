@@ -35,8 +35,11 @@ static void wact_launch(void *obj, void *payload) {
   const ncfsm__wev *p = payload;
   ncfsm_comm *c = w->comm;
   switch (w->op.kind) {
-    case NCFSM_KIND_SEND: w->fp.seq = c->p2p_send_seq[w->op.peer]++; break;
-    case NCFSM_KIND_RECV: w->fp.seq = c->p2p_recv_seq[w->op.peer]++; break;
+    case NCFSM_KIND_SEND:
+    case NCFSM_KIND_RECV:
+      w->fp.seq = (w->op.kind == NCFSM_KIND_SEND ? c->p2p_send_seq : c->p2p_recv_seq)[w->op.peer]++;
+      if (c->vops) c->vops->launched(c, w); /* its pair's other side is checked against it */
+      break;
     default:
       w->fp.seq = c->coll_seq++;
       c->hash = XXH3_64bits_withSeed(&w->fp, sizeof w->fp, c->hash);

@@ -196,6 +196,46 @@ static void test_split_child_verifies(void **state) {
   teardown_all(loop, p, N);
 }
 
+/* Send/recv: rank 0 sends 4 int32 to rank 1, which receives 2 (the pair
+ * hangs on the sim), or receives floats (silent): both name the pair, seq,
+ * field and both sides. A receive whose send never comes names the peer. */
+static void p2p_case(int recv_count, ncfsm_dtype_t recv_dt, const char *want) {
+  ncfsm_comm *c[N];
+  ncfsm_loop *loop = two(c, NCFSM_VERIFY_ASYNC, 500);
+  for (int k = 0; k < 3; k++) {
+    bool bad = k == 2;
+    assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+    assert_int_equal(ncfsm_send(c[0], buf[0][k], 4, NCFSM_INT32, 1, NULL, NULL, NULL, NULL), NCFSM_OK);
+    assert_int_equal(ncfsm_recv(c[1], buf[1][k], bad ? (size_t)recv_count : 4, bad ? recv_dt : NCFSM_INT32, 0, NULL,
+                                NULL, NULL, NULL),
+                     NCFSM_OK);
+    assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  }
+  run_for(loop, c, 3000);
+  expect_named(c, "send/recv seq 2 from rank 0 to rank 1", want, NULL);
+  teardown_all(loop, c, N);
+}
+
+static void test_p2p_count(void **state) { (void)state; p2p_case(2, NCFSM_INT32, "count mismatch: rank 0 sends 4, rank 1 receives 2"); }
+static void test_p2p_dtype(void **state) { (void)state; p2p_case(4, NCFSM_FLOAT32, "dtype mismatch: rank 0 sends INT32, rank 1 receives FLOAT32"); }
+
+static void test_p2p_missing_send(void **state) {
+  (void)state;
+  ncfsm_comm *c[N];
+  ncfsm_loop *loop = two(c, NCFSM_VERIFY_ASYNC, 200);
+  assert_int_equal(ncfsm_recv(c[1], buf[1][0], 4, NCFSM_INT32, 0, NULL, NULL, NULL, NULL), NCFSM_OK);
+  for (int i = 0; i < 30000 && ncfsm_comm_state(c[1]) != NCFSM_STATE_ERROR; i++) {
+    ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  const char *f = ncfsm_comm_failure(c[1]);
+  if (!strstr(f, "receive seq 0 from rank 0") || !strstr(f, "rank 0 never posted the matching send") ||
+      !strstr(f, "it posted no send to it"))
+    fail_msg("rank 1's failure does not name rank 0's missing send: %s", f);
+  teardown_all(loop, c, N);
+}
+
 /* The layers of evidence: a collective every rank launched alike is
  * VERIFIED once compared; with verification off it never is. /status says
  * how far the comm is verified. */
@@ -232,6 +272,8 @@ int main(void) {
       cmocka_unit_test(test_op),          cmocka_unit_test(test_off_is_silent),
       cmocka_unit_test(test_skip_names_the_rank), cmocka_unit_test(test_peer_failure_reaches_the_others),
       cmocka_unit_test(test_split_child_verifies), cmocka_unit_test(test_evidence),
+      cmocka_unit_test(test_p2p_count),           cmocka_unit_test(test_p2p_dtype),
+      cmocka_unit_test(test_p2p_missing_send),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
