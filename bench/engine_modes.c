@@ -125,6 +125,45 @@ static int run_loop(ncfsm_loop *loop) {
 
 static long rounds(long n, long per) { return (n + per - 1) / per; }
 
+/* ---- one clique of 2 ranks on the loop (issue 21: verification's cost) ------------------- */
+
+/* Both ranks of one clique on the loop, verification off or async (its ranks
+ * compare in memory: fsm/verify_local.c). */
+static int setup_pair(em_bench *b, ncfsm_verify_mode_t mode) {
+  if (new_loop(0, &b->loop)) return -1;
+  b->comms = calloc(2, sizeof *b->comms);
+  b->bufs = calloc(2 * 16, sizeof *b->bufs);
+  if (!b->comms || !b->bufs) return -1;
+  b->nslots = 2;
+  ncfsm_unique_id id;
+  ncfsm_result_t r = ncfsm_get_unique_id(NCFSM_BACKEND_AUTO, &id);
+  if (r != NCFSM_OK) return fail("ncfsm_get_unique_id", r);
+  uint64_t tag = 0x9a1f;
+  memcpy(id.internal, &tag, sizeof tag);
+  for (int k = 0; k < 2; k++, b->ncomms++) {
+    ncfsm_comm_opts o;
+    if ((r = ncfsm_comm_opts_init(&o)) != NCFSM_OK) return fail("ncfsm_comm_opts_init", r);
+    o.verify = mode;
+    if ((r = ncfsm_comm_new(b->loop, &o, &b->comms[k])) != NCFSM_OK) return fail("ncfsm_comm_new", r);
+    if ((r = ncfsm_comm_init(b->comms[k], 2, k, &id)) != NCFSM_OK) return fail("ncfsm_comm_init", r);
+  }
+  for (int k = 0; k < 2; k++)
+    if ((r = ncfsm_comm_wait_state(b->comms[k], NCFSM_STATE_READY, 10000)) != NCFSM_OK)
+      return fail("ncfsm_comm_wait_state(READY)", r);
+  return 0;
+}
+static int setup_pair_off(em_bench *b) { return setup_pair(b, NCFSM_VERIFY_OFF); }
+static int setup_pair_async(em_bench *b) { return setup_pair(b, NCFSM_VERIFY_ASYNC); }
+
+/* An AllReduce on both ranks, the loop run until both completed: n ops
+ * are n works, n / 2 collectives. */
+static long pair_pingpong(em_bench *b, long n) {
+  for (long i = 0; i < n / 2; i++)
+    if (submit(b->comms[0], slot(b, 0), 0, NULL) || submit(b->comms[1], slot(b, 1), 0, NULL) || run_loop(b->loop))
+      return -1;
+  return n / 2 * 2;
+}
+
 /* ---- issue 2's patterns on one comm --------------------------------------------------- */
 
 static int setup_one(em_bench *b) { return open_bench(b, 0, 1, 64); }
@@ -424,6 +463,10 @@ const em_mode em_modes[] = {
      .setup = setup_cap, .run = r12_asc},
     {"r12-desc", "coalesce_max C, C buffers in descending order, then run", 1, 65536, n_cap, .warm = 1,
      .setup = setup_cap, .run = r12_desc},
+    {"pair-off", "2 ranks of one clique, verification off: an AllReduce on both, run (per work)", .warm = 1,
+     .setup = setup_pair_off, .run = pair_pingpong},
+    {"pair-async", "the same with verification async (the ranks compare in memory)", .warm = 1,
+     .setup = setup_pair_async, .run = pair_pingpong},
     {"selfdrive", "submit, ncfsm_work_wait, release; the waiting thread drives the loop", ONE, .run = selfdrive},
     {"threads", "T threads stream ops (as coalesce) to the loop's own thread; .self: coalesce, same run", 1, 64,
      n_threads, .warm = 1, .setup = setup_threads, .run = threads_stream, .run_ref = stream_ref},

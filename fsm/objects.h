@@ -134,6 +134,8 @@ typedef struct ncfsm__verify_ops {
    * verifier's state name (its status) */
   uint64_t (*verified)(const ncfsm_comm *c);
   const char *(*state_name)(const ncfsm_comm *c);
+  /* the watchdog found a launch of c older than c->verify_stall_ns */
+  void (*stall_due)(ncfsm_comm *c);
 } ncfsm__verify_ops;
 
 /* Layer 5 plugs in what the calls of layer 4 attach to a comm (set once, at
@@ -207,6 +209,9 @@ struct ncfsm_comm {
   uint64_t works_final[NCFSM_WORK_STATE_COUNT]; /* its works that reached each final state */
   uint64_t created_ns;
   struct ncfsm__close *close; /* ncfsm_comm_close accepted (guard NOT_CLOSING); freed after its callback */
+  uint64_t verify_stall_ns;   /* in-process verification: the watchdog tells it of launches older than this */
+  const _Atomic unsigned *verify_att; /* in-process verification: nonzero when it must be polled (else vops->busy) */
+  uint64_t verify_checked_ns;         /* ... the watchdog's last look for a launch past verify_stall_ns */
 };
 
 
@@ -383,6 +388,13 @@ void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status
 void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
 /* Does an unfinished work of this loop name stream? */
 bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream);
+/* Does c's verification need this turn? (inline: asked for every comm at every turn) */
+static inline bool ncfsm__verify_busy(const ncfsm_comm *c) {
+  if (!c->vops) return false;
+  if (c->verify_att) return __atomic_load_n(c->verify_att, __ATOMIC_RELAXED) != 0;
+  return c->vops->busy(c);
+}
+
 /* Works on c's streams (inline: the progress pass asks at every turn). */
 static inline bool ncfsm__comm_inflight(const ncfsm_comm *c) {
   for (int i = 0; i < c->nsq; i++)

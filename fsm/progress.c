@@ -60,11 +60,11 @@ bool ncfsm__progress(ncfsm_loop *loop) {
       progress |= d > 0;
     }
     if (needs_poll(c, &now)) progress |= poll_comm(c);
-    if (c->vops && c->vops->busy(c)) {
+    if (ncfsm__verify_busy(c)) {
       if (!now) now = ncfsm__now_ns();
       progress |= c->vops->poll(c, now);
     }
-    if (c->opts.timeout_ms || c->work_deadlines) {
+    if (c->opts.timeout_ms || c->work_deadlines || c->verify_stall_ns) {
       if (!now) now = ncfsm__now_ns();
       ncfsm__watchdog(c, now);
     }
@@ -75,7 +75,7 @@ bool ncfsm__progress(ncfsm_loop *loop) {
 bool ncfsm__poll_pending(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     if ((ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE | NCFSM_SF_CONTROL)) || c->launching ||
-        ncfsm__comm_inflight(c) || (c->vops && c->vops->busy(c)))
+        ncfsm__comm_inflight(c) || ncfsm__verify_busy(c))
       return true;
   }
   return false;

@@ -141,6 +141,7 @@ static bool on_poll(ncfsm_comm *c, uint64_t now) {
   if (!(f & NCFSM_SF_WORKS)) {
     if (f & NCFSM_SF_LIVE) return false; /* still initialising */
     ncfsm__verify_fire(v, NCFSM__VE_COMM_ENDED, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
+    if (v->local) ncfsm__vlocal_quiet(v);
     return false;
   }
   unsigned before = v->state;
@@ -148,7 +149,11 @@ static bool on_poll(ncfsm_comm *c, uint64_t now) {
     ncfsm__verify_fire(v, NCFSM__VE_IN_SERVICE, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
   bool progress = v->state != before;
   if (v->comp) return ncfsm__vcomp_poll(v, now) || progress;
-  if (v->local) return (v->state == NCFSM__VS_RUNNING && ncfsm__vlocal_poll(v, now)) || progress;
+  if (v->local) {
+    if (v->state == NCFSM__VS_RUNNING) return ncfsm__vlocal_poll(v, now) || progress;
+    ncfsm__vlocal_quiet(v);
+    return progress;
+  }
   if (v->state == NCFSM__VS_DETAILING) return ncfsm__vasync_poll_detail(v, now) || progress;
   if (v->state != NCFSM__VS_RUNNING) return progress;
   if (c->opts.verify == NCFSM_VERIFY_ASYNC) progress |= ncfsm__vasync_poll(v, now);
@@ -171,6 +176,11 @@ static uint64_t on_verified(const ncfsm_comm *c) {
 
 static const char *on_state_name(const ncfsm_comm *c) { return ncfsm__m_verify.states[ver(c)->state].name; }
 
+static void on_stall_due(ncfsm_comm *c) {
+  struct ncfsm__verifier *v = ver(c);
+  if (v->local) ncfsm__vlocal_stall_due(v);
+}
+
 static void on_free(ncfsm_comm *c) {
   struct ncfsm__verifier *v = ver(c);
   if (!v) return;
@@ -182,7 +192,7 @@ static void on_free(ncfsm_comm *c) {
 }
 
 static const ncfsm__verify_ops verify_ops = {on_queued, on_launched, on_forget, on_busy,     on_poll,
-                                             on_free,   on_failed,   on_verified, on_state_name};
+                                             on_free,   on_failed,   on_verified, on_state_name, on_stall_due};
 
 ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
   struct ncfsm__verifier *v = calloc(1, sizeof *v);

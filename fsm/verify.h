@@ -59,6 +59,8 @@ void ncfsm__vlocal_free(struct ncfsm__verifier *v);
 void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w);
 bool ncfsm__vlocal_busy(const struct ncfsm__verifier *v);
 uint64_t ncfsm__vlocal_verified(const struct ncfsm__verifier *v); /* every seq below it compared equal */
+void ncfsm__vlocal_stall_due(struct ncfsm__verifier *v);
+void ncfsm__vlocal_quiet(struct ncfsm__verifier *v); /* out of RUNNING: only a peer's failure keeps it busy */
 /* A peer's failure is for this rank to apply: true once (with the text). */
 bool ncfsm__vlocal_told(const struct ncfsm__verifier *v);
 bool ncfsm__vlocal_take_failure(struct ncfsm__verifier *v, char *what, size_t len);

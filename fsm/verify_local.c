@@ -23,6 +23,7 @@
 #define LRING 2048 /* fingerprints per rank: more than NCCL lets a rank run ahead (R13) */
 #define PRING 256  /* send/recv fingerprints per (rank, peer, direction) */
 #define FPW (sizeof(ncfsm_fingerprint_t) / sizeof(uint64_t))
+#define SLOTW (FPW + 1) /* a collective's slot: its fingerprint, then the rolling hash with it folded in */
 _Static_assert(sizeof(ncfsm_fingerprint_t) % sizeof(uint64_t) == 0, "a fingerprint is whole 64-bit words");
 
 /* A rank's sends to one peer, or its receives from one: per-pair seqs. */
@@ -33,17 +34,22 @@ typedef struct pring {
 
 typedef struct lmember {
   _Atomic uint64_t next_seq; /* the seq its next collective takes: ring[s % LRING] holds s < next_seq */
-  uint64_t ring[LRING][FPW];
+  uint64_t ring[LRING][SLOTW];
   pring *_Atomic *p2p;       /* [2 * nranks]: sends to peer p at 2p, receives from it at 2p + 1 (made on use) */
   struct ncfsm__verifier *v; /* NULL: not registered (yet, or any more) */
   ncfsm_loop *loop;
   _Atomic int inbox;         /* the clique's failure is for it to apply */
+  _Atomic unsigned att;      /* ATT_*: what its verifier must look at (its busy hook reads only this) */
 } lmember;
 
 typedef struct lclique {
   uint64_t id;
   int nranks, nreg, refs;
   lmember *m;
+  _Atomic uint64_t checked; /* every seq below it was compared equal on every rank (by whichever rank looked) */
+  _Atomic int diverged;      /* seq dseq differs (dreport, written under lmu before this is set) */
+  uint64_t dseq;
+  char dreport[512];
   /* the first failure of one of its ranks' comms */
   bool failed;
   int origin;
@@ -58,14 +64,25 @@ struct ncfsm__lv {
   uint64_t *p2p_checked; /* [2 * nranks]: per pair of this rank (its sends to p, its receives from p) */
   bool p2p_dirty;    /* a send or receive of it is not compared yet */
   int rank;
-  uint64_t checked;  /* every seq below it was compared across all ranks */
-  uint64_t t_start;  /* when it started (IN_SERVICE): NO_CHANNEL after verify_stall_ms with ranks missing */
+  uint64_t checked;  /* the clique's divergence, once seen: the seq that differs */
+  uint64_t t_start;
+  bool stall_due;    /* the watchdog saw a launch of it older than the stall bound */
   bool diverged;     /* seq `checked` differs (report): DIVERGED once the collectives before it finished */
   char report[512];
 };
 
 static pthread_mutex_t lmu = PTHREAD_MUTEX_INITIALIZER;
 static lclique *lhead;
+
+/* Attention bits of a member, set by any rank, cleared by its own poll. */
+#define ATT_INBOX 1u    /* a peer's failure */
+#define ATT_DIVERGED 2u /* the clique found a seq that differs */
+#define ATT_DUE 4u      /* seqs of its own are not compared yet */
+#define ATT_OWN 8u      /* its own: a send/recv to compare, a stall to look at, a divergence to fail on */
+
+static bool compare(struct ncfsm__verifier *v, char *what, size_t len);
+
+static void attend(lmember *m, unsigned bits) { atomic_fetch_or_explicit(&m->att, bits, memory_order_release); }
 
 /* ---- the registry ----------------------------------------------------------------------- */
 
@@ -110,8 +127,13 @@ static void reg(struct ncfsm__verifier *v) {
   q->refs++;
   lv->q = q;
   lv->rank = c->rank;
+  c->verify_att = &q->m[c->rank].att; /* the engine's busy test reads it inline */
+  attend(&q->m[c->rank], ATT_OWN);    /* its first turn in service starts it */
   lv->p2p_checked = calloc(2 * (size_t)c->nranks, sizeof *lv->p2p_checked); /* NULL: sends and receives unchecked */
-  if (q->failed) atomic_store(&q->m[c->rank].inbox, 1); /* a peer failed before this rank registered */
+  if (q->failed) { /* a peer failed before this rank registered */
+    atomic_store(&q->m[c->rank].inbox, 1);
+    attend(&q->m[c->rank], ATT_INBOX);
+  }
   pthread_mutex_unlock(&lmu);
 }
 
@@ -119,6 +141,7 @@ static void unreg(struct ncfsm__lv *lv) {
   lclique *q = lv->q;
   if (!q) return;
   pthread_mutex_lock(&lmu);
+  q->m[lv->rank].v->c->verify_att = NULL;
   q->m[lv->rank].v = NULL;
   q->m[lv->rank].loop = NULL;
   if (--q->refs == 0) {
@@ -165,26 +188,43 @@ void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
     put_words(pr->ring[w->fp.seq % PRING], &w->fp);
     atomic_store_explicit(&pr->next, w->fp.seq + 1, memory_order_release);
     lv->p2p_dirty = true;
+    attend(me, ATT_OWN);
     return;
   }
-  put_words(me->ring[w->fp.seq % LRING], &w->fp);
+  uint64_t *slot = me->ring[w->fp.seq % LRING];
+  put_words(slot, &w->fp);
+  __atomic_store_n(&slot[FPW], v->c->hash, __ATOMIC_RELAXED); /* the comm's rolling hash, this one folded in */
   atomic_store_explicit(&me->next_seq, w->fp.seq + 1, memory_order_release);
+  /* the rank whose launch completes a seq on every rank compares it now:
+   * no loop turn is needed for a clique that agrees */
+  lclique *q = lv->q;
+  if (__atomic_load_n(&q->nreg, __ATOMIC_ACQUIRE) < q->nranks || lv->diverged) return;
+  for (int r = 0; r < q->nranks; r++) /* the others have not all launched it: whoever completes it compares */
+    if (atomic_load_explicit(&q->m[r].next_seq, memory_order_acquire) <= w->fp.seq) {
+      if (!(atomic_load_explicit(&me->att, memory_order_relaxed) & ATT_DUE)) attend(me, ATT_DUE);
+      return;
+    }
+  if (compare(v, lv->report, sizeof lv->report)) {
+    lv->diverged = true; /* its next turn fails the comm (never inside a launch) */
+    attend(me, ATT_OWN);
+  } else if (atomic_load_explicit(&lv->q->checked, memory_order_acquire) <= w->fp.seq) {
+    attend(me, ATT_DUE); /* the others have not launched it yet: whoever completes it compares it */
+  }
 }
 
 /* The fingerprint of seq s in a ring of n slots whose next seq is *next:
  * false when the ring no longer holds it (its writer went n past s). */
-static bool read_slot(uint64_t (*ring)[FPW], unsigned n, _Atomic uint64_t *next, uint64_t s, ncfsm_fingerprint_t *out) {
+static bool read_slot(const uint64_t *slot, unsigned n, _Atomic uint64_t *next, uint64_t s, ncfsm_fingerprint_t *out) {
   uint64_t words[FPW];
-  const uint64_t *slot = ring[s % n];
-  for (size_t i = 0; i < FPW; i++) words[i] = __atomic_load_n(&slot[i], __ATOMIC_RELAXED);
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  /* acquire: the check of the writer's next seq below is not done before them */
+  for (size_t i = 0; i < FPW; i++) words[i] = __atomic_load_n(&slot[i], __ATOMIC_ACQUIRE);
   if (atomic_load_explicit(next, memory_order_acquire) > s + n) return false;
   memcpy(out, words, sizeof words);
   return out->seq == s;
 }
 
 static bool read_fp(lmember *m, uint64_t s, ncfsm_fingerprint_t *out) {
-  return read_slot(m->ring, LRING, &m->next_seq, s, out);
+  return read_slot(m->ring[s % LRING], LRING, &m->next_seq, s, out);
 }
 
 /* ---- the checks ------------------------------------------------------------------------------ */
@@ -205,20 +245,55 @@ static uint64_t all_launched(const lclique *q) {
 static bool compare(struct ncfsm__verifier *v, char *what, size_t len) {
   struct ncfsm__lv *lv = v->local;
   lclique *q = lv->q;
-  uint64_t hi = all_launched(q);
-  ncfsm_fingerprint_t stack[8], *fps = q->nranks <= 8 ? stack : malloc((size_t)q->nranks * sizeof *fps);
-  if (!fps) return false; /* next time */
+  if (atomic_load_explicit(&q->diverged, memory_order_acquire)) goto seen; /* another rank found it */
+  uint64_t lo = atomic_load_explicit(&q->checked, memory_order_acquire), hi = all_launched(q);
+  if (lo >= hi) return false;
+  /* the common case: the rolling hashes at the last seq every rank
+   * launched are equal, so is every seq before it (R11's hash: XXH3) */
+  bool same = true;
+  uint64_t h = __atomic_load_n(&q->m[0].ring[(hi - 1) % LRING][FPW], __ATOMIC_RELAXED);
+  for (int r = 1; r < q->nranks && same; r++) same = __atomic_load_n(&q->m[r].ring[(hi - 1) % LRING][FPW], __ATOMIC_RELAXED) == h;
   bool diff = false;
-  uint64_t s = lv->checked;
-  for (; s < hi && !diff; s++) {
-    bool lost = false;
+  uint64_t s = same ? hi : lo;
+  for (; s < hi && !diff; s++) { /* they differ: the first seq that does, field by field */
+    ncfsm_fingerprint_t stack[8], *fps = q->nranks <= 8 ? stack : malloc((size_t)q->nranks * sizeof *fps);
+    bool lost = !fps;
     for (int r = 0; r < q->nranks && !lost; r++) lost = !read_fp(&q->m[r], s, &fps[r]);
-    if (lost) continue; /* a rank ran more than LRING past it: not comparable any more */
-    diff = ncfsm__verify_describe(fps, q->nranks, what, len);
+    /* lost: a rank ran more than LRING past it, not comparable any more */
+    diff = !lost && ncfsm__verify_describe(fps, q->nranks, what, len);
+    if (fps != stack) free(fps);
   }
-  lv->checked = diff ? s - 1 : s;
-  if (fps != stack) free(fps);
-  return diff;
+  if (!same && !diff) { /* it differs, but in a collective older than some rank's ring: named by its hashes */
+    snprintf(what, len,
+             "verification: the collectives before seq %" PRIu64 " differ across ranks (R11): rolling hash of rank 0 "
+             "%016" PRIx64 " and of another rank differ, and the differing collective is older than some rank's "
+             "ring of %d (ncfsm-trace on the dumps may name it)",
+             hi, h, LRING);
+    diff = true;
+    s = lo + 1;
+  }
+  if (!diff) { /* the clique's mark moves on (whoever compared furthest) */
+    uint64_t cur = lo;
+    while (cur < s && !atomic_compare_exchange_weak(&q->checked, &cur, s)) {
+    }
+    for (int r = 0; r < q->nranks; r++) /* ranks all of whose seqs are compared need not look */
+      if ((atomic_load_explicit(&q->m[r].att, memory_order_relaxed) & ATT_DUE) &&
+          atomic_load_explicit(&q->m[r].next_seq, memory_order_acquire) <= s)
+        atomic_fetch_and_explicit(&q->m[r].att, ~ATT_DUE, memory_order_relaxed);
+    return false;
+  }
+  pthread_mutex_lock(&lmu);
+  if (!atomic_load(&q->diverged)) {
+    q->dseq = s - 1;
+    snprintf(q->dreport, sizeof q->dreport, "%s", what);
+    atomic_store_explicit(&q->diverged, 1, memory_order_release);
+    for (int r = 0; r < q->nranks; r++) attend(&q->m[r], ATT_DIVERGED);
+  }
+  pthread_mutex_unlock(&lmu);
+seen:
+  lv->checked = q->dseq;
+  snprintf(what, len, "%s", q->dreport);
+  return true;
 }
 
 static bool collective(const ncfsm_work *w) { return w->fp.op != NCFSM_KIND_SEND && w->fp.op != NCFSM_KIND_RECV; }
@@ -258,7 +333,8 @@ static bool compare_p2p(struct ncfsm__verifier *v, char *what, size_t len) {
       uint64_t hi = my_next < their_next ? my_next : their_next, *at = &lv->p2p_checked[2 * p + dir];
       for (; *at < hi; (*at)++) {
         ncfsm_fingerprint_t a, b;
-        if (!read_slot(mine->ring, PRING, &mine->next, *at, &a) || !read_slot(theirs->ring, PRING, &theirs->next, *at, &b))
+        if (!read_slot(mine->ring[*at % PRING], PRING, &mine->next, *at, &a) ||
+            !read_slot(theirs->ring[*at % PRING], PRING, &theirs->next, *at, &b))
           continue;
         bool count = a.count != b.count, dtype = a.dtype != b.dtype;
         if (!count && !dtype) continue;
@@ -366,22 +442,33 @@ static bool stalled(struct ncfsm__verifier *v, uint64_t now, char *what, size_t 
 bool ncfsm__vlocal_busy(const struct ncfsm__verifier *v) {
   const struct ncfsm__lv *lv = v->local;
   if (!lv->q) return ncfsm__has(v->c, NCFSM_SF_WORKS);
-  if (lv->diverged || lv->p2p_dirty) return true;
-  if (__atomic_load_n(&lv->q->nreg, __ATOMIC_ACQUIRE) == lv->q->nranks && all_launched(lv->q) > lv->checked)
-    return true; /* seqs to compare */
-  return ncfsm__comm_inflight(v->c) || v->c->launching; /* something of its own may wait on a peer */
+  return atomic_load_explicit(&lv->q->m[lv->rank].att, memory_order_relaxed) != 0;
+}
+
+void ncfsm__vlocal_stall_due(struct ncfsm__verifier *v) {
+  struct ncfsm__lv *lv = v->local;
+  lv->stall_due = true;
+  if (lv->q) attend(&lv->q->m[lv->rank], ATT_OWN);
+}
+
+void ncfsm__vlocal_quiet(struct ncfsm__verifier *v) {
+  const struct ncfsm__lv *lv = v->local;
+  if (lv->q) atomic_fetch_and(&lv->q->m[lv->rank].att, ATT_INBOX); /* nothing else matters out of RUNNING */
 }
 
 bool ncfsm__vlocal_told(const struct ncfsm__verifier *v) {
   const struct ncfsm__lv *lv = v->local;
-  return lv->q && atomic_load(&lv->q->m[lv->rank].inbox);
+  return lv->q && (atomic_load_explicit(&lv->q->m[lv->rank].att, memory_order_relaxed) & ATT_INBOX);
 }
 
 bool ncfsm__vlocal_take_failure(struct ncfsm__verifier *v, char *what, size_t len) {
   struct ncfsm__lv *lv = v->local;
   if (!lv->q) reg(v); /* a peer may have failed before this rank registered */
   lclique *q = lv->q;
-  if (!q || !atomic_exchange(&q->m[lv->rank].inbox, 0)) return false;
+  if (!q || !(atomic_load_explicit(&q->m[lv->rank].att, memory_order_relaxed) & ATT_INBOX) ||
+      !atomic_exchange(&q->m[lv->rank].inbox, 0))
+    return false;
+  atomic_fetch_and(&q->m[lv->rank].att, ~ATT_INBOX);
   pthread_mutex_lock(&lmu);
   snprintf(what, len, "rank %d's comm failed first, at its seq %" PRIu64 " (%s): %.380s", q->origin, q->fseq,
            ncfsm_err_name(q->fcause), q->fwhat);
@@ -392,34 +479,41 @@ bool ncfsm__vlocal_take_failure(struct ncfsm__verifier *v, char *what, size_t le
 bool ncfsm__vlocal_poll(struct ncfsm__verifier *v, uint64_t now) {
   struct ncfsm__lv *lv = v->local;
   char what[512];
-  if (!lv->t_start) lv->t_start = now;
   if (!lv->q) reg(v);
   if (!lv->q) return false;
   lclique *q = lv->q;
   int nreg = __atomic_load_n(&q->nreg, __ATOMIC_ACQUIRE);
-  if (nreg < q->nranks) { /* not every rank is here (yet) */
-    uint64_t stall_ns = v->c->opts.verify_stall_ms * 1000000ull;
-    if (stall_ns && now - lv->t_start > stall_ns) {
-      NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: %d of %d ranks are in this process and the comm has no "
-                 "bootstrap: it runs unverified (initialise it with ncfsm_comm_init_boot to verify it)",
-                 v->c->name, v->c->rank, nreg, q->nranks);
-      ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
-      return true;
-    }
-    return false;
+  bool stall = lv->stall_due;
+  lv->stall_due = false; /* the watchdog says again while it holds */
+  lmember *me = &q->m[lv->rank];
+  atomic_fetch_and(&me->att, ~(ATT_DUE | ATT_DIVERGED | ATT_OWN)); /* looked at now; set again below while they hold */
+  if (nreg < q->nranks) { /* not every rank is here (yet): once a launch waited past the bound, they are not */
+    if (!stall) return false;
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: %d of %d ranks are in this process and the comm has no "
+               "bootstrap: it runs unverified (initialise it with ncfsm_comm_init_boot to verify it)",
+               v->c->name, v->c->rank, nreg, q->nranks);
+    ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
+    return true;
   }
   if (!lv->diverged && compare(v, lv->report, sizeof lv->report)) lv->diverged = true;
   /* the collectives before the one that differs matched on every rank:
    * they keep their results (the comm fails once they finished) */
-  if (lv->diverged && !completes_before(v->c, lv->checked)) {
-    ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, lv->report);
-    return true;
+  if (lv->diverged) {
+    if (!completes_before(v->c, lv->checked)) {
+      ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, lv->report);
+      return true;
+    }
+    attend(me, ATT_OWN); /* again at the next turn */
+    return false;
   }
-  if (!lv->diverged && compare_p2p(v, what, sizeof what)) {
+  if (atomic_load_explicit(&me->next_seq, memory_order_acquire) > atomic_load_explicit(&q->checked, memory_order_acquire))
+    attend(me, ATT_DUE); /* still behind the others: their launches compare, or the next turn does */
+  if (lv->p2p_dirty && compare_p2p(v, what, sizeof what)) {
     ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
     return true;
   }
-  if (stalled(v, now, what, sizeof what)) {
+  if (lv->p2p_dirty) attend(me, ATT_OWN);
+  if (stall && stalled(v, now, what, sizeof what)) {
     ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
     return true;
   }
@@ -447,17 +541,23 @@ void ncfsm__vlocal_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const
     for (int r = 0; r < q->nranks; r++) {
       if (r == lv->rank || !q->m[r].v) continue;
       atomic_store(&q->m[r].inbox, 1);
+      attend(&q->m[r], ATT_INBOX);
       if (q->m[r].loop != v->c->loop) ncfsm__loop_kick_async(q->m[r].loop);
     }
   }
   pthread_mutex_unlock(&lmu);
 }
 
-uint64_t ncfsm__vlocal_verified(const struct ncfsm__verifier *v) { return v->local->checked; }
+uint64_t ncfsm__vlocal_verified(const struct ncfsm__verifier *v) {
+  const lclique *q = v->local->q;
+  if (!q) return 0;
+  return atomic_load_explicit(&q->diverged, memory_order_acquire) ? q->dseq : atomic_load(&q->checked);
+}
 
 ncfsm_result_t ncfsm__vlocal_new(struct ncfsm__verifier *v) {
   v->local = calloc(1, sizeof *v->local);
   if (!v->local) return NCFSM_ERR_NO_MEMORY;
+  v->c->verify_stall_ns = v->c->opts.verify_stall_ms * 1000000ull; /* the watchdog's part (0: no bound) */
   reg(v); /* now, when the rank is known (a split child's at its first turn in service) */
   return NCFSM_OK;
 }
