@@ -315,10 +315,12 @@ static void test_misuse(void **state) {
   if (res[0].status != NCFSM_OK) fail_msg("recovery: %s: %s", ncfsm_err_name(res[0].status), res[0].why);
   ncfsm_comm_set_recovery(x.comm, NULL);
   assert_int_equal(ncfsm_comm_release(x.old), NCFSM_OK);
-  c[0] = x.comm;
-  teardown_all(loop, c, 1);
+  assert_int_equal(ncfsm_comm_abort(x.comm), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_release(x.comm), NCFSM_OK);
   if (x.boot && x.boot != b) ncfsm_boot_close(x.boot);
-  ncfsm_boot_close(b);
+  ncfsm_boot_close(b); /* before the loop: it runs on the loop's base */
+  run_turns(loop, 2);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
 }
 
 int main(void) {
