@@ -7,6 +7,7 @@
 #ifndef NCFSM_BOOTSTRAP_BOOT_INTERNAL_H
 #define NCFSM_BOOTSTRAP_BOOT_INTERNAL_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -66,7 +67,19 @@ typedef struct ncfsm__boot_ops {
    * NCFSM__REQ_ROOTS, seq = the first of its nsubs broadcast numbers, recv = buf, len, subs
    * NULL); NULL: one BCAST request per root. */
   ncfsm_result_t (*roots_post)(ncfsm_boot *b, ncfsm_boot_req *req);
+  /* Channels (docs/bootstrap.md, "Channels"). Fill child (rank, size, base, chan_tag and
+   * chan_ranks [size] = its members as ranks of parent, set by the dispatch; child->ops is
+   * parent's, an implementation may replace it) with its impl. NULL: no channels. Closing a
+   * channel is its ops->close. */
+  ncfsm_result_t (*channel_open)(ncfsm_boot *parent, ncfsm_boot *child);
+  /* Optional: member i of the channel b was reported lost through its parent (loop thread;
+   * b's lost record is set): fail or wake what waits for it. */
+  void (*member_lost)(ncfsm_boot *b, int i);
+  /* Notices: send n (origin set) to the other ranks of b; never blocks. NULL: not supported. */
+  ncfsm_result_t (*notice_post)(ncfsm_boot *b, const ncfsm_boot_notice *n);
 } ncfsm__boot_ops;
+
+struct ncfsm__notice_node;
 
 struct ncfsm_boot {
   uint32_t magic;
@@ -96,6 +109,20 @@ struct ncfsm_boot {
   void *failed_arg;
   struct event *failed_ev;  /* delivers it from the dispatch */
   int failed_told;
+  /* channels: this one's tag and members (ranks of parent), and the channels of this one */
+  char *chan_tag;           /* NULL: not a channel */
+  int *chan_ranks;          /* [size] */
+  ncfsm_boot *chans, *chan_next; /* the open channels of this bootstrap; next sibling */
+  int nchans;
+  /* notices received, waiting for the dispatch (boot_notify.c); the queue is under notice_mu
+   * (implementations push from other threads: ncfsm__boot_notice_push) */
+  pthread_mutex_t notice_mu;
+  struct ncfsm__notice_node *nq_head, *nq_tail;
+  int nq_len;
+  uint64_t nq_dropped;
+  struct event *notice_ev;
+  ncfsm_boot_notice_cb notice_cb;
+  void *notice_arg;
 };
 
 #define NCFSM__LOST 1u
@@ -152,6 +179,28 @@ void ncfsm__boot_lost_ev_cb(evutil_socket_t fd, short what, void *arg);
 void ncfsm__boot_failed_ev_cb(evutil_socket_t fd, short what, void *arg);
 /* Why rank of b was lost, or NULL. */
 const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank);
+/* A handle of base with ops, its events and its notice queue made (boot.c); NULL when out of
+ * memory. ncfsm__boot_shell_free undoes it (and the lost records). */
+ncfsm_boot *ncfsm__boot_shell_new(struct event_base *base, const ncfsm__boot_ops *ops,
+                                  ncfsm_boot_kind_t kind);
+void ncfsm__boot_shell_free(ncfsm_boot *b);
+/* boot_notify.c: deliver the notices queued on b (its notice_ev). */
+void ncfsm__boot_notice_ev_cb(evutil_socket_t fd, short what, void *arg);
+/* Queue n for b's notice callback and wake b's base: any thread, as long as b stays open
+ * during the call (the implementation guarantees it). Past 1024 queued, n is dropped. */
+void ncfsm__boot_notice_push(ncfsm_boot *b, const ncfsm_boot_notice *n);
+void ncfsm__boot_notice_clear(ncfsm_boot *b);
+/* The wire form of a notice (tcp, pmix): u64 key, u32 origin, u64 seq, i32 cause, then the
+ * text without its NUL (at most 255 bytes). encode returns the length (<= NCFSM__NOTICE_WIRE_MAX);
+ * decode 0, or -1 when buf is not one. */
+#define NCFSM__NOTICE_WIRE_MIN 24
+#define NCFSM__NOTICE_WIRE_MAX (NCFSM__NOTICE_WIRE_MIN + NCFSM_BOOT_NOTICE_WHAT - 1)
+size_t ncfsm__notice_encode(const ncfsm_boot_notice *n, uint8_t *out);
+int ncfsm__notice_decode(const uint8_t *buf, size_t len, ncfsm_boot_notice *n);
+/* The channel b's index of rank r of its parent, or -1. */
+int ncfsm__boot_chan_index(const ncfsm_boot *b, int r);
+/* boot_channel.c: take the channel b out of its parent's list (at its close). */
+void ncfsm__boot_chan_unlink(ncfsm_boot *b);
 /* Mark the channel failed (sticky: the first status stays) and tell ncfsm_boot_on_failed's
  * callback from the dispatch. */
 void ncfsm__boot_set_failed(ncfsm_boot *b, ncfsm_result_t st);

@@ -89,6 +89,44 @@ static ncfsm_boot_kind_t pick_kind(const ncfsm_boot_opts *o) {
   return NCFSM_BOOT_LOCAL;
 }
 
+ncfsm_boot *ncfsm__boot_shell_new(struct event_base *base, const ncfsm__boot_ops *ops,
+                                  ncfsm_boot_kind_t kind) {
+  ncfsm_boot *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->magic = NCFSM__BOOT_MAGIC;
+  b->ops = ops;
+  b->kind = kind;
+  b->base = base;
+  b->lost_ev = event_new(base, -1, 0, ncfsm__boot_lost_ev_cb, b);
+  b->failed_ev = event_new(base, -1, 0, ncfsm__boot_failed_ev_cb, b);
+  b->notice_ev = event_new(base, -1, 0, ncfsm__boot_notice_ev_cb, b);
+  if (!b->lost_ev || !b->failed_ev || !b->notice_ev) {
+    if (b->lost_ev) event_free(b->lost_ev);
+    if (b->failed_ev) event_free(b->failed_ev);
+    if (b->notice_ev) event_free(b->notice_ev);
+    free(b);
+    return NULL;
+  }
+  pthread_mutex_init(&b->notice_mu, NULL);
+  return b;
+}
+
+void ncfsm__boot_shell_free(ncfsm_boot *b) {
+  event_free(b->lost_ev);
+  event_free(b->failed_ev);
+  event_free(b->notice_ev);
+  ncfsm__boot_notice_clear(b);
+  pthread_mutex_destroy(&b->notice_mu);
+  if (b->lost)
+    for (int r = 0; r < b->size; r++) free(b->lost_why[r]);
+  free(b->lost);
+  free(b->lost_why);
+  free(b->chan_tag);
+  free(b->chan_ranks);
+  b->magic = NCFSM__BOOT_DEAD_MAGIC;
+  free(b);
+}
+
 ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *opts,
                                ncfsm_boot **out) {
   ncfsm__log_init();
@@ -125,35 +163,22 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
     NCFSM_WARN(NCFSM__SUB_BOOT, "%s", open_err);
     return NCFSM_ERR_UNSUPPORTED;
   }
-  ncfsm_boot *b = calloc(1, sizeof *b);
-  if (!b) return NCFSM_ERR_NO_MEMORY;
-  b->magic = NCFSM__BOOT_MAGIC;
-  b->ops = ops;
-  b->kind = kind;
-  b->base = base;
+  ncfsm_boot *b = ncfsm__boot_shell_new(base, ops, kind);
+  if (!b) {
+    snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
+    ncfsm__last_error_set(open_err);
+    return NCFSM_ERR_NO_MEMORY;
+  }
   b->rank = opts->rank;
   b->size = opts->size;
   b->local_rank = opts->rank;
   b->local_size = opts->size;
   b->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 60000;
-  b->lost_ev = event_new(base, -1, 0, ncfsm__boot_lost_ev_cb, b);
-  b->failed_ev = event_new(base, -1, 0, ncfsm__boot_failed_ev_cb, b);
-  if (!b->lost_ev || !b->failed_ev) {
-    snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
-    ncfsm__last_error_set(open_err);
-    if (b->lost_ev) event_free(b->lost_ev);
-    if (b->failed_ev) event_free(b->failed_ev);
-    free(b);
-    return NCFSM_ERR_NO_MEMORY;
-  }
   ncfsm_result_t r = ops->open(b, opts);
   if (r != NCFSM_OK) {
     snprintf(open_err, sizeof open_err, "%s", b->err[0] ? b->err : ncfsm_strerror(r));
     ncfsm__last_error_set(open_err);
-    event_free(b->lost_ev);
-    event_free(b->failed_ev);
-    b->magic = NCFSM__BOOT_DEAD_MAGIC;
-    free(b);
+    ncfsm__boot_shell_free(b);
     return r;
   }
   NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s open: rank %d of %d (local %d of %d)", ops->name,
@@ -178,20 +203,25 @@ ncfsm_result_t ncfsm_boot_close(ncfsm_boot *b) {
     return NCFSM_ERR_BUSY;
   }
   if (b->in_lost_cb) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_close called from this bootstrap's peer-lost callback; "
-                          "close it after the callback returned (e.g. from a zero timer)");
+    ncfsm__boot_seterr(b, "ncfsm_boot_close called from this bootstrap's peer-lost callback (or its "
+                          "failed or notice callback); close it after the callback returned (e.g. "
+                          "from a zero timer)");
+    return NCFSM_ERR_BUSY;
+  }
+  if (b->nchans > 0) {
+    char names[300] = "";
+    size_t k = 0;
+    for (ncfsm_boot *c = b->chans; c && k + 80 < sizeof names; c = c->chan_next)
+      k += (size_t)snprintf(names + k, sizeof names - k, "%s'%s'", k ? ", " : "", c->chan_tag);
+    ncfsm__boot_seterr(b, "ncfsm_boot_close: %d channel(s) of this bootstrap still open (%s); close "
+                          "them first (ncfsm_boot_close on each)",
+                       b->nchans, names);
     return NCFSM_ERR_BUSY;
   }
   b->ops->close(b);
-  if (b->parent) b->parent->children--;
-  event_free(b->lost_ev);
-  event_free(b->failed_ev);
-  if (b->lost)
-    for (int r = 0; r < b->size; r++) free(b->lost_why[r]);
-  free(b->lost);
-  free(b->lost_why);
-  b->magic = NCFSM__BOOT_DEAD_MAGIC;
-  free(b);
+  if (b->chan_tag) ncfsm__boot_chan_unlink(b);
+  else if (b->parent) b->parent->children--;
+  ncfsm__boot_shell_free(b);
   return NCFSM_OK;
 }
 
@@ -476,6 +506,13 @@ static ncfsm_result_t unsupported(ncfsm_boot *b, const char *call) {
   return NCFSM_ERR_UNSUPPORTED;
 }
 
+static ncfsm_result_t on_channel(ncfsm_boot *b, const char *call) {
+  ncfsm__boot_seterr(b, "%s on channel '%s': a channel has no agreements or survivors' bootstraps of "
+                        "its own; make them on the bootstrap it was opened from",
+                     call, b->chan_tag);
+  return NCFSM_ERR_UNSUPPORTED;
+}
+
 ncfsm_result_t ncfsm_boot_on_peer_lost(ncfsm_boot *b, ncfsm_boot_lost_cb cb, void *arg) {
   if (!BOOT_OK(b)) return NCFSM_ERR_INVALID_ARGUMENT;
   if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_on_peer_lost");
@@ -491,6 +528,7 @@ ncfsm_result_t ncfsm_boot_agree_post(ncfsm_boot *b, uint64_t epoch, ncfsm_boot_r
   if (out) *out = NULL;
   if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
   if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_agree_post");
+  if (b->chan_tag) return on_channel(b, "ncfsm_boot_agree_post");
   if (epoch == 0 || epoch <= b->agree_last) {
     ncfsm__boot_seterr(b, "ncfsm_boot_agree_post: epoch %" PRIu64 " must be above 0 and above the "
                           "last epoch posted on this bootstrap (%" PRIu64 "); every live rank posts "
@@ -533,6 +571,7 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
   if (out) *out = NULL;
   if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
   if (!b->ops->survivors) return unsupported(b, "ncfsm_boot_survivors");
+  if (b->chan_tag) return on_channel(b, "ncfsm_boot_survivors");
   if (!agreed || agreed->magic != NCFSM__BOOT_REQ_MAGIC || agreed->kind != NCFSM__REQ_AGREE ||
       agreed->b != b) {
     ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the request is not an agreement of this bootstrap "
@@ -558,12 +597,8 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
                        b->rank, agreed->epoch);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  ncfsm_boot *c = calloc(1, sizeof *c);
+  ncfsm_boot *c = ncfsm__boot_shell_new(b->base, b->ops, b->kind);
   if (!c) return NCFSM_ERR_NO_MEMORY;
-  c->magic = NCFSM__BOOT_MAGIC;
-  c->ops = b->ops;
-  c->kind = b->kind;
-  c->base = b->base;
   c->rank = 0;
   for (int r = 0; r < b->rank; r++) c->rank += agreed->alive[r] ? 1 : 0;
   c->size = agreed->nalive;
@@ -571,24 +606,10 @@ ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm
   c->local_size = b->local_size;
   c->timeout_ms = b->timeout_ms;
   c->parent = b;
-  c->lost_ev = event_new(b->base, -1, 0, ncfsm__boot_lost_ev_cb, c);
-  c->failed_ev = event_new(b->base, -1, 0, ncfsm__boot_failed_ev_cb, c);
-  if (!c->lost_ev || !c->failed_ev) {
-    if (c->lost_ev) event_free(c->lost_ev);
-    if (c->failed_ev) event_free(c->failed_ev);
-    free(c);
-    return NCFSM_ERR_NO_MEMORY;
-  }
   ncfsm_result_t r = b->ops->survivors(b, agreed, c);
   if (r != NCFSM_OK) {
     ncfsm__boot_seterr(b, "%s", c->err);
-    event_free(c->lost_ev);
-    event_free(c->failed_ev);
-    if (c->lost)
-      for (int i = 0; i < c->size; i++) free(c->lost_why[i]);
-    free(c->lost);
-    free(c->lost_why);
-    free(c);
+    ncfsm__boot_shell_free(c);
     return r;
   }
   agreed->child_made = 1;

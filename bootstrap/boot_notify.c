@@ -1,10 +1,14 @@
 /*
- * Bootstrap notifications: a lost peer (ncfsm_boot_on_peer_lost's callback)
- * and the bootstrap's failure for good (ncfsm_boot_on_failed's), recorded on
- * the loop thread and delivered from the base's dispatch.
+ * Bootstrap notifications: a lost peer (ncfsm_boot_on_peer_lost's callback; passed on to
+ * the channels it is a member of), the bootstrap's failure for good (ncfsm_boot_on_failed's),
+ * recorded on the loop thread, and the notices of other ranks (ncfsm_boot_on_notice's, queued
+ * from any thread): all delivered from the base's dispatch.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bootstrap/frame.h"
 
 #include <event2/event.h>
 
@@ -47,6 +51,15 @@ void ncfsm__boot_peer_lost(ncfsm_boot *b, int rank, const char *why) {
   NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s rank %d of %d: rank %d lost: %s", b->ops->name, b->rank,
              b->size, rank, why ? why : "");
   if (b->lost_cb) event_active(b->lost_ev, 0, 0);
+  for (ncfsm_boot *c = b->chans; c; c = c->chan_next) { /* the channels it is a member of */
+    int i = ncfsm__boot_chan_index(c, rank);
+    if (i < 0) continue;
+    char w2[700];
+    snprintf(w2, sizeof w2, "rank %d of channel '%s' is rank %d of its parent: %.600s", i,
+             c->chan_tag, rank, why ? why : "lost");
+    ncfsm__boot_peer_lost(c, i, w2);
+    if (c->ops->member_lost) c->ops->member_lost(c, i);
+  }
 }
 
 const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank) {
@@ -82,3 +95,116 @@ ncfsm_result_t ncfsm_boot_on_failed(ncfsm_boot *b, ncfsm_boot_failed_cb cb, void
   return NCFSM_OK;
 }
 
+
+/* ---- notices ---------------------------------------------------------------------- */
+
+#define NOTICE_QMAX 1024
+_Static_assert(NCFSM__NOTICE_WIRE_MIN == NCFSM__FRAME_NOTICE_MIN &&
+                   NCFSM__NOTICE_WIRE_MAX == NCFSM__FRAME_NOTICE_MAX,
+               "the NOTICE frame carries the notice's wire form");
+
+struct ncfsm__notice_node {
+  struct ncfsm__notice_node *next;
+  ncfsm_boot_notice n;
+};
+
+void ncfsm__boot_notice_push(ncfsm_boot *b, const ncfsm_boot_notice *n) {
+  struct ncfsm__notice_node *q = malloc(sizeof *q);
+  pthread_mutex_lock(&b->notice_mu);
+  if (!q || b->nq_len >= NOTICE_QMAX) {
+    if (b->nq_dropped++ == 0)
+      NCFSM_WARN(NCFSM__SUB_BOOT, "bootstrap %s rank %d: %d notices wait for the notice callback "
+                                  "(or memory ran out): dropping the notice of rank %d (key 0x%llx) "
+                                  "and later ones until there is room",
+                 b->ops->name, b->rank, b->nq_len, n->origin, (unsigned long long)n->key);
+    pthread_mutex_unlock(&b->notice_mu);
+    free(q);
+    return;
+  }
+  q->n = *n;
+  q->n.what[NCFSM_BOOT_NOTICE_WHAT - 1] = 0;
+  q->next = NULL;
+  if (b->nq_tail) b->nq_tail->next = q;
+  else b->nq_head = q;
+  b->nq_tail = q;
+  b->nq_len++;
+  int wake = b->notice_cb != NULL;
+  pthread_mutex_unlock(&b->notice_mu);
+  if (wake) event_active(b->notice_ev, 0, 0);
+}
+
+void ncfsm__boot_notice_clear(ncfsm_boot *b) {
+  struct ncfsm__notice_node *q;
+  while ((q = b->nq_head) != NULL) {
+    b->nq_head = q->next;
+    free(q);
+  }
+  b->nq_tail = NULL;
+  b->nq_len = 0;
+}
+
+/* Tell the callback the queued notices, one at a time (loop thread). */
+void ncfsm__boot_notice_ev_cb(evutil_socket_t fd, short what, void *arg) {
+  ncfsm_boot *b = arg;
+  (void)fd;
+  (void)what;
+  b->in_lost_cb++;
+  while (b->notice_cb) {
+    pthread_mutex_lock(&b->notice_mu);
+    struct ncfsm__notice_node *q = b->nq_head;
+    if (q) {
+      b->nq_head = q->next;
+      if (!b->nq_head) b->nq_tail = NULL;
+      b->nq_len--;
+    }
+    pthread_mutex_unlock(&b->notice_mu);
+    if (!q) break;
+    b->notice_cb(b, &q->n, b->notice_arg);
+    free(q);
+  }
+  b->in_lost_cb--;
+}
+
+ncfsm_result_t ncfsm_boot_on_notice(ncfsm_boot *b, ncfsm_boot_notice_cb cb, void *arg) {
+  if (!b || b->magic != NCFSM__BOOT_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  pthread_mutex_lock(&b->notice_mu);
+  b->notice_cb = cb;
+  b->notice_arg = arg;
+  int queued = b->nq_len > 0;
+  pthread_mutex_unlock(&b->notice_mu);
+  if (cb && queued) event_active(b->notice_ev, 0, 0);
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_notice_post(ncfsm_boot *b, const ncfsm_boot_notice *n) {
+  if (!b || b->magic != NCFSM__BOOT_MAGIC || !n) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!b->ops->notice_post) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_notice_post: the %s bootstrap has no notices", b->ops->name);
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  ncfsm_boot_notice m = *n;
+  m.origin = b->rank;
+  m.what[NCFSM_BOOT_NOTICE_WHAT - 1] = 0;
+  return b->ops->notice_post(b, &m);
+}
+
+size_t ncfsm__notice_encode(const ncfsm_boot_notice *n, uint8_t *out) {
+  size_t wl = strnlen(n->what, NCFSM_BOOT_NOTICE_WHAT - 1);
+  ncfsm__wr64(out, n->key);
+  ncfsm__wr32(out + 8, (uint32_t)n->origin);
+  ncfsm__wr64(out + 12, n->seq);
+  ncfsm__wr32(out + 20, (uint32_t)n->cause);
+  memcpy(out + NCFSM__NOTICE_WIRE_MIN, n->what, wl);
+  return NCFSM__NOTICE_WIRE_MIN + wl;
+}
+
+int ncfsm__notice_decode(const uint8_t *buf, size_t len, ncfsm_boot_notice *n) {
+  if (len < NCFSM__NOTICE_WIRE_MIN || len > NCFSM__NOTICE_WIRE_MAX) return -1;
+  memset(n, 0, sizeof *n);
+  n->key = ncfsm__rd64(buf);
+  n->origin = (int)ncfsm__rd32(buf + 8);
+  n->seq = ncfsm__rd64(buf + 12);
+  n->cause = (int32_t)ncfsm__rd32(buf + 20);
+  memcpy(n->what, buf + NCFSM__NOTICE_WIRE_MIN, len - NCFSM__NOTICE_WIRE_MIN);
+  return 0;
+}

@@ -15,6 +15,9 @@ const char *ncfsm__frame_type_name(uint8_t type) {
   case NCFSM__F_LOST: return "LOST";
   case NCFSM__F_BCAST: return "BCAST";
   case NCFSM__F_PING: return "PING";
+  case NCFSM__F_CHAN: return "CHAN";
+  case NCFSM__F_CHAN_CLOSE: return "CHAN_CLOSE";
+  case NCFSM__F_NOTICE: return "NOTICE";
   case NCFSM__F_OK: return "OK";
   case NCFSM__F_ERR: return "ERR";
   }
@@ -23,8 +26,13 @@ const char *ncfsm__frame_type_name(uint8_t type) {
 
 void ncfsm__frame_header(uint8_t out[NCFSM__FRAME_HDR], uint8_t type, uint32_t id, uint32_t klen,
                          uint32_t vlen) {
+  ncfsm__frame_header_v(out, NCFSM__FRAME_VERSION, type, id, klen, vlen);
+}
+
+void ncfsm__frame_header_v(uint8_t out[NCFSM__FRAME_HDR], uint8_t version, uint8_t type, uint32_t id,
+                           uint32_t klen, uint32_t vlen) {
   ncfsm__wr32(out, NCFSM__FRAME_MAGIC);
-  out[4] = NCFSM__FRAME_VERSION;
+  out[4] = version;
   out[5] = type;
   out[6] = out[7] = 0;
   ncfsm__wr32(out + 8, id);
@@ -78,6 +86,22 @@ static const char *check_shape(const ncfsm__frame *f) {
   case NCFSM__F_PING:
     if (f->klen || f->vlen) return "PING with a key or a value";
     return NULL;
+  case NCFSM__F_CHAN: {
+    if (f->klen < 3 || f->key[0] != '@' || f->key[1] != '#') return "CHAN key is not @#<tag>";
+    if (f->vlen < 8) return "CHAN value shorter than u32 n + one member";
+    uint32_t n = ncfsm__rd32(f->value);
+    if (n == 0 || f->vlen != 4 + 4 * (uint64_t)n) return "CHAN value is not u32 n + n x u32 ranks";
+    return NULL;
+  }
+  case NCFSM__F_CHAN_CLOSE:
+    if (f->klen < 3 || f->key[0] != '@' || f->key[1] != '#') return "CHAN_CLOSE key is not @#<tag>";
+    if (f->vlen) return "CHAN_CLOSE with a value";
+    return NULL;
+  case NCFSM__F_NOTICE:
+    if (f->klen == 0 || f->key[0] != '@') return "NOTICE key is not a group";
+    if (f->vlen < NCFSM__FRAME_NOTICE_MIN || f->vlen > NCFSM__FRAME_NOTICE_MAX)
+      return "NOTICE value is not a notice (24 to 279 bytes)";
+    return NULL;
   case NCFSM__F_OK:
   case NCFSM__F_ERR: return NULL;
   }
@@ -99,7 +123,7 @@ ncfsm__parse_t ncfsm__frame_parse(const uint8_t *buf, size_t n, const ncfsm__fra
   }
   if (n > 5) {
     uint8_t t = buf[5];
-    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_PING) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
+    if (!((t >= NCFSM__F_HELLO && t <= NCFSM__F_NOTICE) || t == NCFSM__F_OK || t == NCFSM__F_ERR)) {
       *why = "unknown frame type";
       return NCFSM__PARSE_ERR;
     }

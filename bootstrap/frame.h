@@ -26,6 +26,13 @@
  * group; value = u32 rank, u32 size, u32 root, u32 len, then on root the len
  * bytes): root is answered with an empty OK once the store holds the bytes,
  * every other rank with OK + the bytes (parked until root's arrived).
+ * Channels (version 2): CHAN (key "@#<tag>", value u32 n then the n members' job ranks in
+ * the channel's order) opens the channel for the sender, answered OK or ERR; its GATHERs and
+ * BCASTs are keyed "@#<tag>:ag/<n>", "@#<tag>:bc/<n>" with the sender's index in it; CHAN_CLOSE
+ * (no reply) closes it; the store pushes LOST with key "@#<tag>" (value u32 index, message)
+ * when a member closed it. NOTICE (key "@", a survivors' group or a channel; value a notice,
+ * origin = the sender's index in it; no reply) is pushed by the store, same key and value, to
+ * every other connected member.
  * Heartbeats (docs/bootstrap.md, "Heartbeats"): a ranked HELLO's OK carries
  * u32 heartbeat_ms, u32 silence_ms, u32 flags (1: the store's own silence is
  * a loss) when the store watches its ranks; the rank then opens a second
@@ -42,13 +49,18 @@
 #include <stdint.h>
 
 #define NCFSM__FRAME_MAGIC 0x4e434653u /* "NCFS" */
-#define NCFSM__FRAME_VERSION 1
+/* 2 (issue 21): CHAN, CHAN_CLOSE, NOTICE, keyed LOST; a version-1 peer is refused with a
+ * version-1 ERR frame that says so (docs/bootstrap.md, "Wire format"). */
+#define NCFSM__FRAME_VERSION 2
 #define NCFSM__FRAME_HDR 20
 #define NCFSM__FRAME_KEY_MAX 512u
 #define NCFSM__FRAME_VALUE_MAX (1u << 20)
 /* HELLO's optional third u32: flags. HEARTBEAT: this connection is rank's heartbeat connection
  * (only PINGs follow), not its requests'. */
 #define NCFSM__HELLO_HEARTBEAT 1u
+/* A NOTICE's value: the notice's wire form (bootstrap/boot-internal.h, ncfsm__notice_encode). */
+#define NCFSM__FRAME_NOTICE_MIN 24u
+#define NCFSM__FRAME_NOTICE_MAX (24u + 255u)
 
 typedef enum ncfsm__frame_type {
   NCFSM__F_HELLO = 1,
@@ -61,6 +73,9 @@ typedef enum ncfsm__frame_type {
   NCFSM__F_LOST = 8,
   NCFSM__F_BCAST = 9,
   NCFSM__F_PING = 10,
+  NCFSM__F_CHAN = 11,       /* key "@#<tag>", value u32 n + n x u32 job ranks: open a channel */
+  NCFSM__F_CHAN_CLOSE = 12, /* key "@#<tag>", no value, no reply: close it */
+  NCFSM__F_NOTICE = 13,     /* key = group, value = a notice (boot-internal.h); no reply */
   NCFSM__F_OK = 0x40,
   NCFSM__F_ERR = 0x41,
 } ncfsm__frame_type_t;
@@ -91,9 +106,12 @@ typedef enum ncfsm__parse {
 ncfsm__parse_t ncfsm__frame_parse(const uint8_t *buf, size_t n, const ncfsm__frame_limits *lim,
                                   ncfsm__frame *f, size_t *used, const char **why);
 
-/* Write a header into out. */
+/* Write a header into out (ncfsm__frame_header_v: of another version, for refusing a
+ * version-1 peer in a frame it can read). */
 void ncfsm__frame_header(uint8_t out[NCFSM__FRAME_HDR], uint8_t type, uint32_t id, uint32_t klen,
                          uint32_t vlen);
+void ncfsm__frame_header_v(uint8_t out[NCFSM__FRAME_HDR], uint8_t version, uint8_t type, uint32_t id,
+                           uint32_t klen, uint32_t vlen);
 
 const char *ncfsm__frame_type_name(uint8_t type);
 

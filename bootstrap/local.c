@@ -10,11 +10,14 @@
  *
  * Recovery: a member that closed is lost for the others (each sees its
  * closed flag on its own loop thread, reports it once, and fails the
- * allgathers it had not contributed to). The agreement state of a group is
- * under the group's agreement mutex (agreements are rare); whoever completes
- * or fails an agreement wakes every member, and each finishes its own
- * request on its loop thread. The survivors of epoch E of group "g" join the
- * group "g/E".
+ * allgathers it had not contributed to). Agreements and survivors' groups:
+ * local_agree.c.
+ *
+ * Channels: the channel "t" of group "g" is the group "g#t" of its members,
+ * which records the members (as ranks of "g") its first joiner gave; a member
+ * lost in "g" before it joined fails the channel's rounds that wait for it.
+ * Notices go straight into each other member's queue (under the same
+ * wakers/closed protocol that keeps a member's event alive for a waker).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -27,71 +30,8 @@
 
 #include <event2/event.h>
 
-#include "bootstrap/boot-internal.h"
+#include "bootstrap/local-internal.h"
 
-typedef struct lnode {
-  _Atomic(struct lnode *) next;
-  uint64_t rp1; /* round + 1; the list's dummy head has 0 */
-  size_t len;
-  unsigned char data[];
-} lnode;
-
-struct lgroup;
-
-typedef struct lreq {
-  TAILQ_ENTRY(lreq) link;
-  ncfsm_boot_req *req;
-  uint64_t round;
-} lreq;
-
-/* A broadcast of a group (under the group's bc_mu): made by its first poster, root's bytes
- * copied in at root's post, freed when every other member took them. */
-typedef struct lbcast {
-  LIST_ENTRY(lbcast) link;
-  uint64_t seq;
-  int root;
-  size_t len;
-  int posted;     /* root's bytes are in data */
-  int left;       /* members other than root that have not taken them */
-  char failed[300];
-  unsigned char *data;
-} lbcast;
-
-typedef struct lmember {
-  struct lgroup *g;
-  ncfsm_boot *b;
-  int rank;
-  struct event *wake;
-  atomic_int closed, wakers;
-  _Atomic uint64_t completed; /* rounds this member has finished */
-  lnode *dummy;               /* set before the member is published */
-  /* owner-thread only: */
-  lnode *tail, *oldest;
-  lnode **cursor; /* [size]: last node consumed from each member's list */
-  uint64_t posted;
-  TAILQ_HEAD(, lreq) pending;
-  TAILQ_HEAD(, lreq) bpending; /* broadcasts not finished */
-  uint8_t *lost_seen;         /* [size] */
-  ncfsm_boot_req *agreq;      /* the agreement not finished */
-  int ag_refused;             /* agreq was refused at its post: ag_err says why */
-  char ag_err[700];
-} lmember;
-
-typedef struct lgroup {
-  LIST_ENTRY(lgroup) link;
-  char *name;
-  int size, refs;
-  _Atomic(lmember *) *members; /* [size] */
-  /* agreements, under ag_mu */
-  pthread_mutex_t ag_mu;
-  uint64_t ag_open, ag_last, ag_done; /* open (0: none), last completed or failed, last completed */
-  uint8_t *ag_posted, *ag_result;    /* [size] */
-  int ag_nresult;
-  char ag_fail[400];                 /* why the last failed one failed */
-  /* broadcasts, under bc_mu */
-  pthread_mutex_t bc_mu;
-  LIST_HEAD(, lbcast) bcasts;
-} lgroup;
 
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static LIST_HEAD(, lgroup) registry = LIST_HEAD_INITIALIZER(registry);
@@ -102,11 +42,36 @@ static void wake_member(lmember *m) {
   atomic_fetch_sub(&m->wakers, 1);
 }
 
-static void wake_others(lmember *me) {
+void ncfsm__local_wake_others(lmember *me) {
   for (int r = 0; r < me->g->size; r++) {
     lmember *o = atomic_load_explicit(&me->g->members[r], memory_order_acquire);
     if (o && o != me) wake_member(o);
   }
+}
+
+/* 1 (and why) when round cannot complete: a member closed without contributing to it, or (a
+ * channel) a member was lost through the parent before it joined. */
+static int round_lost(lmember *me, uint64_t round, char *why, size_t n) {
+  lgroup *g = me->g;
+  for (int r = 0; r < g->size; r++) {
+    if (r == me->rank) continue;
+    lmember *o = atomic_load_explicit(&g->members[r], memory_order_acquire);
+    const char *lost = o ? NULL : ncfsm__boot_lost_why(me->b, r);
+    if (lost) {
+      snprintf(why, n, "local group '%s' allgather #%" PRIu64 " failed: rank %d was lost before it "
+                       "opened the channel (%.300s)",
+               g->name, round, r, lost);
+      return 1;
+    }
+    if (!o || !atomic_load(&o->closed)) continue;
+    lnode *c = me->cursor[r] ? me->cursor[r] : o->dummy;
+    if (atomic_load_explicit(&c->next, memory_order_acquire)) continue; /* published before closed */
+    snprintf(why, n, "local group '%s' allgather #%" PRIu64 " failed: rank %d closed its "
+                     "bootstrap before contributing",
+             g->name, round, r);
+    return 1;
+  }
+  return 0;
 }
 
 /* Finish the pending rounds whose contributions are all present. */
@@ -116,20 +81,14 @@ static void local_progress_member(lmember *me) {
   while ((lr = TAILQ_FIRST(&me->pending)) != NULL) {
     ncfsm_boot_req *req = lr->req;
     uint64_t round = lr->round;
-    for (int r = 0; r < g->size; r++) { /* a member that closed without contributing fails it */
-      lmember *o = atomic_load_explicit(&g->members[r], memory_order_acquire);
-      if (r == me->rank || !o || !atomic_load(&o->closed)) continue;
-      lnode *c = me->cursor[r] ? me->cursor[r] : o->dummy;
-      if (atomic_load_explicit(&c->next, memory_order_acquire)) continue; /* published before closed */
+    char why[500];
+    if (round_lost(me, round, why, sizeof why)) {
       TAILQ_REMOVE(&me->pending, lr, link);
       req->impl = NULL;
       free(lr);
-      ncfsm__boot_fail(me->b, NCFSM_ERR_BOOTSTRAP,
-                       "local group '%s' allgather #%" PRIu64 " failed: rank %d closed its "
-                       "bootstrap before contributing",
-                       g->name, round, r);
+      ncfsm__boot_fail(me->b, NCFSM_ERR_BOOTSTRAP, "%s", why);
       ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
-      goto next_round;
+      continue;
     }
     for (int r = 0; r < g->size; r++) {
       if (r == me->rank) continue;
@@ -167,11 +126,10 @@ static void local_progress_member(lmember *me) {
     req->impl = NULL;
     free(lr);
     ncfsm__boot_req_finish(req, NCFSM_OK);
-  next_round:;
   }
 }
 
-static int member_closed(lgroup *g, int r) {
+int ncfsm__local_member_closed(lgroup *g, int r) {
   lmember *o = atomic_load_explicit(&g->members[r], memory_order_acquire);
   return o && atomic_load(&o->closed);
 }
@@ -180,77 +138,16 @@ static int member_closed(lgroup *g, int r) {
 static void local_lost_scan(lmember *me) {
   lgroup *g = me->g;
   for (int r = 0; r < g->size; r++) {
-    if (r == me->rank || me->lost_seen[r] || !member_closed(g, r)) continue;
+    if (r == me->rank || me->lost_seen[r] || !ncfsm__local_member_closed(g, r)) continue;
     me->lost_seen[r] = 1;
-    char why[300];
-    snprintf(why, sizeof why, "rank %d closed its bootstrap (local group '%.200s')", r, g->name);
+    char why[400];
+    if (me->b->chan_tag)
+      snprintf(why, sizeof why, "rank %d closed channel '%s' (local group '%.200s')", r,
+               me->b->chan_tag, g->name);
+    else
+      snprintf(why, sizeof why, "rank %d closed its bootstrap (local group '%.200s')", r, g->name);
     ncfsm__boot_peer_lost(me->b, r, why);
   }
-}
-
-/* "rank 1, rank 3" of the members not closed with ag_posted[r] == want. */
-static const char *ag_list(lgroup *g, int want, char *buf, size_t n) {
-  size_t k = 0;
-  int named = 0;
-  buf[0] = 0;
-  for (int r = 0; r < g->size; r++) {
-    if (member_closed(g, r) || (g->ag_posted[r] != 0) != (want != 0)) continue;
-    int w = snprintf(buf + k, n - k, "%srank %d", named ? ", " : "", r);
-    if (w < 0 || (size_t)w >= n - k) break;
-    k += (size_t)w;
-    named++;
-  }
-  if (!named) snprintf(buf, n, "none");
-  return buf;
-}
-
-/* Under ag_mu: complete the open agreement if every member not closed has
- * posted. 1 if it did. */
-static int ag_eval_locked(lgroup *g) {
-  if (!g->ag_open) return 0;
-  for (int r = 0; r < g->size; r++)
-    if (!g->ag_posted[r] && !member_closed(g, r)) return 0;
-  int n = 0;
-  for (int r = 0; r < g->size; r++) {
-    g->ag_result[r] = g->ag_posted[r] && !member_closed(g, r);
-    n += g->ag_result[r];
-  }
-  g->ag_nresult = n;
-  g->ag_done = g->ag_last = g->ag_open;
-  g->ag_open = 0;
-  return 1;
-}
-
-/* Finish this member's agreement if it is decided (loop thread). */
-static void local_agree_progress(lmember *me) {
-  ncfsm_boot_req *req = me->agreq;
-  if (!req || req->status != NCFSM_ERR_AGAIN) return;
-  lgroup *g = me->g;
-  char msg[NCFSM__BOOT_ERRLEN - 64];
-  ncfsm_result_t st;
-  if (me->ag_refused) {
-    snprintf(msg, sizeof msg, "%.440s", me->ag_err);
-    st = NCFSM_ERR_BOOTSTRAP;
-  } else {
-    pthread_mutex_lock(&g->ag_mu);
-    if (g->ag_open == req->epoch) {
-      pthread_mutex_unlock(&g->ag_mu);
-      return;
-    }
-    if (g->ag_done == req->epoch) {
-      memcpy(req->alive, g->ag_result, (size_t)g->size);
-      req->nalive = g->ag_nresult;
-      st = NCFSM_OK;
-    } else {
-      snprintf(msg, sizeof msg, "local group '%.100s' agreement epoch %" PRIu64 " failed: %.300s",
-               g->name, req->epoch, g->ag_fail[0] ? g->ag_fail : "superseded by a later epoch");
-      st = NCFSM_ERR_BOOTSTRAP;
-    }
-    pthread_mutex_unlock(&g->ag_mu);
-  }
-  me->agreq = NULL;
-  if (st != NCFSM_OK) ncfsm__boot_seterr(me->b, "%s", msg);
-  ncfsm__boot_req_finish(req, st);
 }
 
 static lbcast *bc_find(lgroup *g, uint64_t seq) {
@@ -289,10 +186,16 @@ static void local_bcast_progress(lmember *me) {
       if (req->len) memcpy(req->recv, x->data, req->len);
       st = NCFSM_OK;
       if (--x->left == 0) bc_free(x);
-    } else if (member_closed(g, req->root)) {
+    } else if (ncfsm__local_member_closed(g, req->root)) {
       snprintf(msg, sizeof msg, "local group '%.100s' broadcast #%" PRIu64 " failed: its root, "
                                 "rank %d, closed its bootstrap before posting it",
                g->name, lr->round, req->root);
+      st = NCFSM_ERR_BOOTSTRAP;
+    } else if (!atomic_load_explicit(&g->members[req->root], memory_order_acquire) &&
+               ncfsm__boot_lost_why(me->b, req->root)) {
+      snprintf(msg, sizeof msg, "local group '%.100s' broadcast #%" PRIu64 " failed: its root, "
+                                "rank %d, was lost before it opened the channel (%.200s)",
+               g->name, lr->round, req->root, ncfsm__boot_lost_why(me->b, req->root));
       st = NCFSM_ERR_BOOTSTRAP;
     }
     pthread_mutex_unlock(&g->bc_mu);
@@ -311,7 +214,7 @@ static void member_wake_cb(evutil_socket_t fd, short what, void *arg) {
   local_lost_scan(arg);
   local_progress_member(arg);
   local_bcast_progress(arg);
-  local_agree_progress(arg);
+  ncfsm__local_agree_progress(arg);
 }
 
 /* Free our nodes that every member's cursor has passed. */
@@ -329,11 +232,6 @@ static void reclaim(lmember *me) {
   }
 }
 
-typedef struct join_opts {
-  const char *name;
-  int rank, size;
-} join_opts;
-
 static void free_list_of(lmember *m);
 static void group_free(lgroup *g) {
   for (int r = 0; r < g->size; r++) {
@@ -346,9 +244,20 @@ static void group_free(lgroup *g) {
   pthread_mutex_destroy(&g->bc_mu);
   free(g->ag_posted);
   free(g->ag_result);
+  free(g->chan_members);
   free(g->members);
   free(g->name);
   free(g);
+}
+
+/* "0, 2, 3" */
+static const char *rank_list(const int *r, int n, char *buf, size_t len) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && k + 16 < len; i++)
+    k += (size_t)snprintf(buf + k, len - k, "%s%d", i ? ", " : "", r[i]);
+  if (k + 16 >= len && n > 0) snprintf(buf + k, len - k, ", ...");
+  return buf;
 }
 
 static void free_list_of(lmember *m) {
@@ -363,7 +272,7 @@ static void free_list_of(lmember *m) {
   free(m);
 }
 
-static ncfsm_result_t local_join(ncfsm_boot *b, const join_opts *o) {
+ncfsm_result_t ncfsm__local_join(ncfsm_boot *b, const join_opts *o) {
   const char *name = o->name;
   lmember *me = calloc(1, sizeof *me);
   if (!me) return NCFSM_ERR_NO_MEMORY;
@@ -387,11 +296,28 @@ static ncfsm_result_t local_join(ncfsm_boot *b, const join_opts *o) {
                        o->rank, o->size);
     goto fail;
   }
+  if (g && o->chan_members &&
+      (!g->chan_members || memcmp(g->chan_members, o->chan_members, (size_t)o->size * sizeof(int)))) {
+    char mine[200], theirs[200];
+    pthread_mutex_unlock(&registry_mu);
+    ncfsm__boot_seterr(b, "local channel '%s' (group '%s') is open with the members [%s] of its "
+                          "parent; rank %d opened it with [%s]: every member opens a channel with "
+                          "the same tag and members",
+                       b->chan_tag, name, rank_list(g->chan_members, g->size, theirs, sizeof theirs),
+                       o->rank, rank_list(o->chan_members, o->size, mine, sizeof mine));
+    goto fail;
+  }
   if (g && atomic_load(&g->members[o->rank])) {
     pthread_mutex_unlock(&registry_mu);
-    ncfsm__boot_seterr(b, "local group '%s': rank %d already joined (give each member its own rank, "
-                          "or close the old one first)",
-                       name, o->rank);
+    if (o->chan_members)
+      ncfsm__boot_seterr(b, "local channel '%s' (group '%s'): rank %d opened it already and closed "
+                            "it while other members still hold it; a member opens a channel once "
+                            "until every member closed it",
+                         b->chan_tag, name, o->rank);
+    else
+      ncfsm__boot_seterr(b, "local group '%s': rank %d already joined (give each member its own "
+                            "rank, or close the old one first)",
+                         name, o->rank);
     goto fail;
   }
   if (!g) {
@@ -402,9 +328,13 @@ static ncfsm_result_t local_join(ncfsm_boot *b, const join_opts *o) {
       g->members = calloc((size_t)o->size, sizeof *g->members);
       g->ag_posted = calloc((size_t)o->size, 1);
       g->ag_result = calloc((size_t)o->size, 1);
+      if (o->chan_members && (g->chan_members = malloc((size_t)o->size * sizeof(int))))
+        memcpy(g->chan_members, o->chan_members, (size_t)o->size * sizeof(int));
     }
-    if (!g || !g->name || !g->members || !g->ag_posted || !g->ag_result) {
+    if (!g || !g->name || !g->members || !g->ag_posted || !g->ag_result ||
+        (o->chan_members && !g->chan_members)) {
       if (g) {
+        free(g->chan_members);
         free(g->name);
         free(g->members);
         free(g->ag_posted);
@@ -425,9 +355,11 @@ static ncfsm_result_t local_join(ncfsm_boot *b, const join_opts *o) {
   pthread_mutex_unlock(&registry_mu);
 
   b->impl = me;
-  b->local_rank = o->rank;
-  b->local_size = o->size;
-  wake_others(me); /* members waiting for this one to join */
+  if (!o->chan_members) { /* a channel keeps its parent's */
+    b->local_rank = o->rank;
+    b->local_size = o->size;
+  }
+  ncfsm__local_wake_others(me); /* members waiting for this one to join */
   return NCFSM_OK;
 nomem:
   ncfsm__boot_seterr(b, "local bootstrap: out of memory");
@@ -446,8 +378,8 @@ static ncfsm_result_t local_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
                        o->size);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  join_opts j = {o->local_group ? o->local_group : "default", o->rank, o->size};
-  return local_join(b, &j);
+  join_opts j = {o->local_group ? o->local_group : "default", o->rank, o->size, NULL};
+  return ncfsm__local_join(b, &j);
 }
 
 
@@ -470,9 +402,9 @@ static void local_close(ncfsm_boot *b) {
   me->agreq = NULL;
   /* it is lost for the others: an open agreement may now be complete */
   pthread_mutex_lock(&g->ag_mu);
-  ag_eval_locked(g);
+  ncfsm__local_ag_eval_locked(g);
   pthread_mutex_unlock(&g->ag_mu);
-  wake_others(me);
+  ncfsm__local_wake_others(me);
   /* The member and its nodes stay until the whole group is gone: others may
    * still read this member's contributions. */
   pthread_mutex_lock(&registry_mu);
@@ -505,7 +437,7 @@ static ncfsm_result_t local_post(ncfsm_boot *b, ncfsm_boot_req *req) {
   me->tail = n;
   me->posted++;
   reclaim(me);
-  wake_others(me);
+  ncfsm__local_wake_others(me);
   event_active(me->wake, 0, 0); /* the others may have posted already */
   return NCFSM_OK;
 }
@@ -552,7 +484,7 @@ static ncfsm_result_t local_bcast_post(ncfsm_boot *b, ncfsm_boot_req *req) {
   lr->round = req->seq;
   req->impl = lr;
   TAILQ_INSERT_TAIL(&me->bpending, lr, link);
-  if (req->root == me->rank) wake_others(me);
+  if (req->root == me->rank) ncfsm__local_wake_others(me);
   event_active(me->wake, 0, 0); /* finished from the wake, never inside post */
   return NCFSM_OK;
 }
@@ -585,86 +517,41 @@ static void local_describe(ncfsm_boot *b, char *buf, size_t n) {
            me->g->size);
 }
 
-/* ---- recovery ------------------------------------------------------------------- */
+/* ---- channels and notices ------------------------------------------------------------- */
 
-static ncfsm_result_t local_agree_post(ncfsm_boot *b, ncfsm_boot_req *req) {
-  lmember *me = b->impl;
-  lgroup *g = me->g;
-  uint64_t e = req->epoch;
-  me->ag_refused = 0;
-  pthread_mutex_lock(&g->ag_mu);
-  if (e <= g->ag_last) {
-    me->ag_refused = 1;
-    snprintf(me->ag_err, sizeof me->ag_err, "local group '%.100s' agreement epoch %" PRIu64
-                                            " posted by rank %d: not above the group's last "
-                                            "agreement epoch %" PRIu64 "%s%.200s%s",
-             g->name, e, me->rank, g->ag_last, g->ag_fail[0] ? " (which failed: " : "",
-             g->ag_fail, g->ag_fail[0] ? ")" : "");
-  } else if (g->ag_open && g->ag_open != e) {
-    char posted[200];
-    snprintf(g->ag_fail, sizeof g->ag_fail, "agreement epochs differ: rank %d posted epoch %" PRIu64
-                                            " while %s posted epoch %" PRIu64 "; every live rank "
-                                            "must post the same epoch",
-             me->rank, e, ag_list(g, 1, posted, sizeof posted), g->ag_open);
-    me->ag_refused = 1;
-    snprintf(me->ag_err, sizeof me->ag_err, "local group '%.100s': %.400s", g->name, g->ag_fail);
-    g->ag_last = e > g->ag_open ? e : g->ag_open;
-    g->ag_open = 0;
-  } else {
-    if (!g->ag_open) {
-      g->ag_open = e;
-      memset(g->ag_posted, 0, (size_t)g->size);
-    }
-    g->ag_posted[me->rank] = 1;
-    ag_eval_locked(g);
-  }
-  pthread_mutex_unlock(&g->ag_mu);
-  me->agreq = req;
-  wake_others(me);
-  event_active(me->wake, 0, 0); /* finished from the wake, never inside post */
-  return NCFSM_OK;
-}
-
-static ncfsm_result_t local_agree_expire(ncfsm_boot_req *req, char *msg, size_t n) {
-  lmember *me = req->b->impl;
-  lgroup *g = me->g;
-  ncfsm_result_t st = NCFSM_ERR_BOOTSTRAP;
-  pthread_mutex_lock(&g->ag_mu);
-  if (g->ag_done == req->epoch && !me->ag_refused) {
-    memcpy(req->alive, g->ag_result, (size_t)g->size);
-    req->nalive = g->ag_nresult;
-    st = NCFSM_OK;
-  } else if (g->ag_open == req->epoch) {
-    char missing[200], posted[200];
-    snprintf(g->ag_fail, sizeof g->ag_fail, "agreement epoch %" PRIu64 " not complete after %" PRIu64
-                                            " ms: %s did not post it (posted: %s)",
-             req->epoch, req->b->timeout_ms, ag_list(g, 0, missing, sizeof missing),
-             ag_list(g, 1, posted, sizeof posted));
-    g->ag_last = g->ag_open;
-    g->ag_open = 0;
-  }
-  if (st != NCFSM_OK)
-    snprintf(msg, n, "local group '%.100s' agreement epoch %" PRIu64 " failed: %s; every live rank "
-                     "must post the same epoch, or raise NCFSM_BOOTSTRAP_TIMEOUT_MS",
-             g->name, req->epoch, me->ag_refused ? me->ag_err : g->ag_fail);
-  pthread_mutex_unlock(&g->ag_mu);
-  me->agreq = NULL;
-  wake_others(me); /* the other posters fail with it */
-  return st;
-}
-
-static ncfsm_result_t local_survivors(ncfsm_boot *parent, ncfsm_boot_req *agreed, ncfsm_boot *child) {
+/* A channel of the member of group "g" is the group "g#<tag>" of its members. */
+static ncfsm_result_t local_channel_open(ncfsm_boot *parent, ncfsm_boot *child) {
   lmember *pm = parent->impl;
   char name[512];
-  int n = snprintf(name, sizeof name, "%s/%" PRIu64, pm->g->name, agreed->epoch);
+  int n = snprintf(name, sizeof name, "%s#%s", pm->g->name, child->chan_tag);
   if (n < 0 || (size_t)n >= sizeof name) {
-    ncfsm__boot_seterr(child, "ncfsm_boot_survivors: local group name '%.100s...' too long (nested "
-                              "too deep)",
-                       pm->g->name);
+    ncfsm__boot_seterr(child, "ncfsm_boot_channel_open('%s'): local group name '%.100s...' too "
+                              "long (channels nested too deep)",
+                       child->chan_tag, pm->g->name);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  join_opts j = {name, child->rank, child->size};
-  return local_join(child, &j);
+  join_opts j = {name, child->rank, child->size, child->chan_ranks};
+  return ncfsm__local_join(child, &j);
+}
+
+/* A member was lost through the parent: the wake looks at it (same thread as the parent's). */
+static void local_member_lost(ncfsm_boot *b, int i) {
+  (void)i;
+  lmember *me = b->impl;
+  if (me && me->wake) event_active(me->wake, 0, 0);
+}
+
+/* Straight into every other member's queue (its loop thread delivers it). */
+static ncfsm_result_t local_notice_post(ncfsm_boot *b, const ncfsm_boot_notice *nt) {
+  lmember *me = b->impl;
+  for (int r = 0; r < me->g->size; r++) {
+    lmember *o = atomic_load_explicit(&me->g->members[r], memory_order_acquire);
+    if (!o || o == me) continue;
+    atomic_fetch_add(&o->wakers, 1); /* o->b stays open while wakers > 0 (local_close) */
+    if (!atomic_load(&o->closed)) ncfsm__boot_notice_push(o->b, nt);
+    atomic_fetch_sub(&o->wakers, 1);
+  }
+  return NCFSM_OK;
 }
 
 const ncfsm__boot_ops ncfsm__boot_local_ops = {
@@ -675,9 +562,12 @@ const ncfsm__boot_ops ncfsm__boot_local_ops = {
     .progress = NULL,
     .cancel = local_cancel,
     .describe = local_describe,
-    .agree_post = local_agree_post,
-    .agree_expire = local_agree_expire,
+    .agree_post = ncfsm__local_agree_post,
+    .agree_expire = ncfsm__local_agree_expire,
     .agree_grace_ms = 0,
-    .survivors = local_survivors,
+    .survivors = ncfsm__local_survivors,
     .bcast_post = local_bcast_post,
+    .channel_open = local_channel_open,
+    .member_lost = local_member_lost,
+    .notice_post = local_notice_post,
 };

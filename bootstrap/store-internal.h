@@ -5,6 +5,7 @@
  *   store_ranks.c    HELLO (token, throttle, job size), ranks gone, LOST pushes
  *   store_requests.c SET, GET/WAIT, ADD, GATHER, BCAST and the dispatch of frames
  *   store_groups.c   survivors' groups and agreements (AGREE)
+ *   store_channels.c channels (CHAN, CHAN_CLOSE) and notices (NOTICE)
  *   store_heartbeat.c the ranks' heartbeat connections, PINGs, a silent rank lost
  *   store_reply.c    replies, parked requests, failed gathers
  *   store_table.c    the keys (uthash), values as refcounted blobs, max_bytes accounting
@@ -91,10 +92,13 @@ struct sconn {
   uint8_t akey[17];         /* peer address (family, bytes) for the throttle */
   int authed, closing, paused, ranked, released, overflow;
   int hb;                   /* the heartbeat connection of rank `rank` (only PINGs) */
+  uint8_t err_version;      /* the version of the closing ERR frame (0: this store's) */
   int held;                 /* its HELLO (a rank other than 0) waits for rank 0's: in s->held */
   uint32_t held_rank, held_size, held_id;
   LIST_ENTRY(sconn) hlink;
   struct evbuffer_cb_entry *out_cb; /* counts the output in s->out_queued */
+  double nt_tokens;         /* NOTICEs it may still send now (notices_per_s bucket) */
+  uint64_t nt_last_ns;
   uint32_t rank;
   uint32_t parked;
   size_t in_acct;           /* input bytes counted in s->inflight */
@@ -115,7 +119,11 @@ struct agwaiter {
   uint32_t id;
 };
 
-/* "@" (the job) or the survivors of a completed agreement ("@/3", "@/3/5"). */
+/* A channel member's state (struct group, mstate). */
+enum { CM_NONE = 0, CM_OPEN, CM_CLOSED, CM_GONE };
+
+/* "@" (the job), the survivors of a completed agreement ("@/3", "@/3/5"), or a channel
+ * ("@#<tag>": its members in the channel's order, which need not be ascending). */
 struct group {
   ncfsm__store *s;
   UT_hash_handle hh; /* in s->gtab, keyed by path[0..plen) */
@@ -123,7 +131,12 @@ struct group {
   char *path;
   uint32_t plen;
   uint32_t n;
-  uint32_t *ranks;          /* [n] job ranks, ascending; NULL: "@", every rank */
+  uint32_t *ranks;          /* [n] job ranks (survivors: ascending); NULL: "@", every rank */
+  uint32_t *order;          /* [n] indices sorted by ranks[] (NULL when ranks is ascending) */
+  int chan;                 /* a channel: mstate and opened below */
+  uint8_t *mstate;          /* [n] CM_* */
+  uint8_t *opened;          /* [n] the member opened it once (its rank's channel count holds it) */
+  uint32_t ndone;           /* members CM_CLOSED or CM_GONE: at n the channel is freed */
   char *gone;               /* the first member gone: later GATHERs of the group get it */
   uint64_t charged;
   /* the agreement open in this group */
@@ -140,6 +153,7 @@ struct group {
 enum { RS_NONE = 0, RS_LIVE, RS_GONE };
 
 struct rankslot {
+  uint32_t chans;           /* channels this rank opened that the store still holds */
   struct sconn *c;
   struct sconn *hbc;        /* its heartbeat connection, if it opened one */
   char *why;                /* RS_GONE: what happened, for later GATHERs */
@@ -155,7 +169,7 @@ struct throttle {
   uint64_t last_ns, fails;
 };
 
-enum { W_ACCEPT, W_BUSY, W_THROTTLE, W_CLOSE, W_KINDS };
+enum { W_ACCEPT, W_BUSY, W_THROTTLE, W_CLOSE, W_NOTICE, W_KINDS };
 
 struct ncfsm__store {
   struct event_base *base;
@@ -217,6 +231,9 @@ extern char ncfsm__st_failed_oom[];
 void ncfsm__st_reply(struct sconn *c, uint8_t type, uint32_t id, const void *val, uint32_t vlen);
 void ncfsm__st_reply_err(struct sconn *c, uint32_t id, const char *msg);
 void ncfsm__st_reply_blob(struct sconn *c, uint32_t id, struct blob *b);
+/* A frame pushed by the store with a key (id 0: LOST of a channel, NOTICE). */
+void ncfsm__st_push_keyed(struct sconn *c, uint8_t type, const void *key, uint32_t klen,
+                          const void *val, uint32_t vlen);
 void ncfsm__st_waiter_free(ncfsm__store *s, struct waiter *w);
 void ncfsm__st_wake_waiters(ncfsm__store *s, struct entry *e);
 /* NULL, or why not ("parked": past max_parked; else the reason to reply). */
@@ -234,6 +251,19 @@ void ncfsm__st_agwaiter_free(ncfsm__store *s, struct agwaiter *w);
 void ncfsm__st_set_msg(ncfsm__store *s, char **slot, const char *msg);
 void ncfsm__st_ag_eval(ncfsm__store *s, struct group *g);
 const char *ncfsm__st_handle_agree(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);
+
+/* store_channels.c */
+const char *ncfsm__st_handle_chan(struct sconn *c, const ncfsm__frame *f, char *buf, size_t n);
+void ncfsm__st_handle_chan_close(struct sconn *c, const ncfsm__frame *f);
+void ncfsm__st_handle_notice(struct sconn *c, const ncfsm__frame *f);
+/* Job rank `rank` is gone (its connection ended): its channels lose it, and those that every
+ * member has now left are freed. */
+void ncfsm__st_chan_rank_gone(ncfsm__store *s, uint32_t rank);
+/* Member `job_rank` left: every open gather (of group only, or of every group when NULL) that
+ * needs it fails with "<what> <who> <event> (<reason>)<tail>", except broadcasts it only
+ * receives (they count it as served). */
+void ncfsm__st_member_left(ncfsm__store *s, struct group *only, uint32_t job_rank, const char *who,
+                           const char *event, const char *reason, const char *tail);
 
 /* store_ranks.c */
 void ncfsm__st_push_lost(ncfsm__store *s, uint32_t rank, const char *why);

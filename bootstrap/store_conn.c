@@ -124,7 +124,8 @@ void ncfsm__st_conn_fail(struct sconn *c, uint32_t id, const char *why, int drop
   }
   uint8_t hdr[NCFSM__FRAME_HDR];
   uint32_t n = (uint32_t)strlen(why);
-  ncfsm__frame_header(hdr, NCFSM__F_ERR, id, 0, n);
+  ncfsm__frame_header_v(hdr, c->err_version ? c->err_version : NCFSM__FRAME_VERSION, NCFSM__F_ERR,
+                        id, 0, n);
   evbuffer_add(out, hdr, sizeof hdr);
   evbuffer_add(out, why, n);
   bufferevent_setcb(c->bev, conn_closing_read_cb, conn_closing_write_cb, conn_closing_event_cb, c);
@@ -175,6 +176,17 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
     if (n == 0) break;
     size_t want = n < NCFSM__FRAME_HDR ? n : NCFSM__FRAME_HDR, used = 0;
     const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)want);
+    if (want > 4 && ncfsm__rd32(p) == NCFSM__FRAME_MAGIC && p[4] >= 1 && p[4] < NCFSM__FRAME_VERSION) {
+      /* an older client: refuse it in a frame of its own version, which it can read */
+      char msg[300];
+      snprintf(msg, sizeof msg, "wire version %u: this store speaks the ncfsm store's wire version "
+                                "%u (bootstrap channels and notices); run the same ncfsm on every "
+                                "rank and the store",
+               p[4], NCFSM__FRAME_VERSION);
+      s->st.old_clients++;
+      c->err_version = p[4];
+      return ncfsm__st_conn_fail(c, 0, msg, 0);
+    }
     if (!c->authed && !c->held && want > 5 && p[5] != NCFSM__F_HELLO && p[0] == 'N' &&
         p[1] == 'C') {
       s->st.closed_bad_frame++;

@@ -14,17 +14,35 @@
 
 uint32_t ncfsm__st_group_rank(const struct group *g, uint32_t i) { return g->ranks ? g->ranks[i] : i; }
 
-/* rank's index in g, or -1. */
+/* rank's index in g, or -1 (a binary search, through g->order when ranks is not ascending). */
 int64_t ncfsm__st_group_index(const struct group *g, uint32_t rank) {
   if (!g->ranks) return rank < g->n ? (int64_t)rank : -1;
   uint32_t lo = 0, hi = g->n;
   while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (g->ranks[mid] == rank) return mid;
-    if (g->ranks[mid] < rank) lo = mid + 1;
+    uint32_t mid = lo + (hi - lo) / 2, i = g->order ? g->order[mid] : mid;
+    if (g->ranks[i] == rank) return i;
+    if (g->ranks[i] < rank) lo = mid + 1;
     else hi = mid;
   }
   return -1;
+}
+
+static const uint32_t *sort_ranks;
+static int by_rank(const void *a, const void *b) {
+  uint32_t x = sort_ranks[*(const uint32_t *)a], y = sort_ranks[*(const uint32_t *)b];
+  return x < y ? -1 : x > y;
+}
+
+/* g->order for a ranks array that is not ascending: 0, or -1 when out of memory. */
+static int group_order(struct group *g) {
+  int sorted = 1;
+  for (uint32_t i = 1; g->ranks && i < g->n && sorted; i++) sorted = g->ranks[i - 1] < g->ranks[i];
+  if (sorted) return 0;
+  if (!(g->order = malloc((size_t)g->n * sizeof *g->order))) return -1;
+  for (uint32_t i = 0; i < g->n; i++) g->order[i] = i;
+  sort_ranks = g->ranks; /* the store is single-threaded */
+  qsort(g->order, g->n, sizeof *g->order, by_rank);
+  return 0;
 }
 
 struct group *ncfsm__st_group_find(ncfsm__store *s, const void *path, uint32_t plen) {
@@ -35,11 +53,11 @@ struct group *ncfsm__st_group_find(ncfsm__store *s, const void *path, uint32_t p
 
 static void ag_timer_cb(evutil_socket_t fd, short what, void *arg);
 
-/* A new group of n members (ranks: ascending job ranks, taken over; NULL:
- * every rank of the job), or NULL when max_bytes has no room. */
+/* A new group of n members (ranks: job ranks, distinct, taken over; NULL: every rank of the
+ * job), or NULL when max_bytes has no room. */
 struct group *ncfsm__st_group_new(ncfsm__store *s, const char *path, uint32_t plen, uint32_t n,
                                uint32_t *ranks) {
-  uint64_t cost = sizeof(struct group) + plen + 1 + (uint64_t)n * (ranks ? 5 : 1) + 128;
+  uint64_t cost = sizeof(struct group) + plen + 1 + (uint64_t)n * (ranks ? 9 : 1) + 128;
   if (ncfsm__st_charge(s, cost) != 0) return NULL;
   struct group *g = calloc(1, sizeof *g);
   if (g) {
@@ -47,8 +65,13 @@ struct group *ncfsm__st_group_new(ncfsm__store *s, const char *path, uint32_t pl
     g->posted = calloc(n ? n : 1, 1);
     g->timer = evtimer_new(s->base, ag_timer_cb, g);
   }
-  if (!g || !g->path || !g->posted || !g->timer) {
+  if (g && ranks) {
+    g->ranks = ranks;
+    g->n = n;
+  }
+  if (!g || !g->path || !g->posted || !g->timer || group_order(g) != 0) {
     if (g) {
+      free(g->order);
       free(g->path);
       free(g->posted);
       if (g->timer) event_free(g->timer);
@@ -67,6 +90,7 @@ struct group *ncfsm__st_group_new(ncfsm__store *s, const char *path, uint32_t pl
   LIST_INIT(&g->waiters);
   HASH_ADD_KEYPTR(hh, s->gtab, g->path, plen, g);
   if (!g->hh.tbl) { /* uthash could not allocate its table (HASH_NONFATAL_OOM) */
+    free(g->order);
     event_free(g->timer);
     free(g->posted);
     free(g->path);
@@ -105,6 +129,9 @@ void ncfsm__st_group_free(ncfsm__store *s, struct group *g) {
   event_free(g->timer);
   free(g->posted);
   free(g->ranks);
+  free(g->order);
+  free(g->mstate);
+  free(g->opened);
   free(g->path);
   ncfsm__st_uncharge(s, g->charged);
   s->st.groups--;

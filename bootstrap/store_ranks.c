@@ -57,31 +57,10 @@ void ncfsm__st_rank_release(struct sconn *c, const char *reason) {
   struct agwaiter *aw;
   while ((aw = LIST_FIRST(&c->agw)) != NULL) ncfsm__st_agwaiter_free(s, aw);
   ncfsm__st_push_lost(s, c->rank, why);
-  for (struct entry *e = LIST_FIRST(&s->gathers), *next; e; e = next) {
-    next = LIST_NEXT(e, g_link);
-    int64_t i = e->grp ? ncfsm__st_group_index(e->grp, c->rank) : (int64_t)c->rank;
-    if (i < 0 || e->g_have[i]) continue;
-    char k[48], msg[600];
-    if (e->bcast && (uint32_t)i != e->b_root) { /* a receiver gone: the others still get it */
-      e->g_have[i] = 2;
-      e->g_count++;
-      ncfsm__st_bcast_maybe_done(s, e);
-      continue;
-    }
-    if (e->bcast) {
-      snprintf(msg, sizeof msg,
-               "broadcast %s failed: its root, rank %u (%s), disconnected before posting it (%s); "
-               "see rank %u's log",
-               ncfsm__st_key_str(e, k, sizeof k), c->rank, c->peer, reason, c->rank);
-      ncfsm__st_gather_fail(s, e, msg);
-      continue;
-    }
-    snprintf(msg, sizeof msg,
-             "allgather %s failed: rank %u (%s) disconnected before contributing (%s); see rank "
-             "%u's log",
-             ncfsm__st_key_str(e, k, sizeof k), c->rank, c->peer, reason, c->rank);
-    ncfsm__st_gather_fail(s, e, msg);
-  }
+  char who[120], tail[40];
+  snprintf(who, sizeof who, "rank %u (%s)", c->rank, c->peer);
+  snprintf(tail, sizeof tail, "; see rank %u's log", c->rank);
+  ncfsm__st_member_left(s, NULL, c->rank, who, "disconnected before", reason, tail);
   /* the survivors' groups it belonged to: later GATHERs fail, open agreements
    * go on without it (its loss may complete one) */
   struct group *g;
@@ -93,6 +72,33 @@ void ncfsm__st_rank_release(struct sconn *c, const char *reason) {
       g->posted[i] = 0;
       ncfsm__st_ag_eval(s, g); /* a group it makes is put at the head: not visited again */
     }
+  }
+  ncfsm__st_chan_rank_gone(s, c->rank);
+}
+
+void ncfsm__st_member_left(ncfsm__store *s, struct group *only, uint32_t job_rank, const char *who,
+                           const char *event, const char *reason, const char *tail) {
+  for (struct entry *e = LIST_FIRST(&s->gathers), *next; e; e = next) {
+    next = LIST_NEXT(e, g_link);
+    if (only && e->grp != only) continue;
+    int64_t i = e->grp ? ncfsm__st_group_index(e->grp, job_rank) : (int64_t)job_rank;
+    if (i < 0 || e->g_have[i]) continue;
+    if (e->bcast && (uint32_t)i != e->b_root) { /* a receiver gone: the others still get it */
+      e->g_have[i] = 2;
+      e->g_count++;
+      ncfsm__st_bcast_maybe_done(s, e);
+      continue;
+    }
+    char k[100], in[120] = "", msg[700];
+    if (e->grp && e->grp->chan)
+      snprintf(in, sizeof in, " (rank %lld of channel '%.64s')", (long long)i, e->grp->path + 2);
+    if (e->bcast)
+      snprintf(msg, sizeof msg, "broadcast %s failed: its root, %s%s, %s posting it (%s)%s",
+               ncfsm__st_key_str(e, k, sizeof k), who, in, event, reason, tail);
+    else
+      snprintf(msg, sizeof msg, "allgather %s failed: %s%s %s contributing (%s)%s",
+               ncfsm__st_key_str(e, k, sizeof k), who, in, event, reason, tail);
+    ncfsm__st_gather_fail(s, e, msg);
   }
 }
 

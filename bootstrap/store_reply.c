@@ -41,6 +41,17 @@ void ncfsm__st_reply(struct sconn *c, uint8_t type, uint32_t id, const void *val
   if (vlen) evbuffer_add(out, val, vlen);
 }
 
+void ncfsm__st_push_keyed(struct sconn *c, uint8_t type, const void *key, uint32_t klen,
+                          const void *val, uint32_t vlen) {
+  if (!out_room(c, NCFSM__FRAME_HDR + (size_t)klen + vlen)) return;
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  ncfsm__frame_header(hdr, type, 0, klen, vlen);
+  struct evbuffer *out = bufferevent_get_output(c->bev);
+  evbuffer_add(out, hdr, sizeof hdr);
+  evbuffer_add(out, key, klen);
+  if (vlen) evbuffer_add(out, val, vlen);
+}
+
 void ncfsm__st_reply_err(struct sconn *c, uint32_t id, const char *msg) {
   ncfsm__st_reply(c, NCFSM__F_ERR, id, msg, (uint32_t)strlen(msg));
 }

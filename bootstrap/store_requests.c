@@ -1,5 +1,5 @@
 /* The tcp store's requests after HELLO: SET, GET/WAIT, ADD, GATHER, BCAST, and
- * the dispatch of a frame to its handler. */
+ * the dispatch of a frame to its handler (CHAN, CHAN_CLOSE, NOTICE: store_channels.c). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,13 +89,22 @@ static int frame_group(struct sconn *c, const ncfsm__frame *f, uint32_t rank, co
   const uint8_t *colon = memchr(f->key, ':', f->klen);
   struct group *g = colon ? ncfsm__st_group_find(s, f->key, (uint32_t)(colon - f->key)) : NULL;
   if (!g || !g->ranks) {
-    snprintf(buf, n, "%s %.*s: no survivors' group %.*s (no agreement made it)", what,
-             (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
+    snprintf(buf, n, "%s %.*s: no survivors' group or channel %.*s (no agreement or CHAN made it)",
+             what, (int)(f->klen < 80 ? f->klen : 80), (const char *)f->key,
              (int)(colon ? colon - f->key : 0), (const char *)f->key);
     ncfsm__st_reply_err(c, f->id, buf);
     return -1;
   }
   int64_t idx = ncfsm__st_group_index(g, c->rank);
+  if (g->chan && (idx < 0 || g->mstate[idx] != CM_OPEN)) { /* refused, not closed: a CHAN the
+                                                              store refused is a channel error */
+    snprintf(buf, n, "%s %.*s: job rank %u has %s channel '%s'", what,
+             (int)(f->klen < 100 ? f->klen : 100), (const char *)f->key, c->rank,
+             idx < 0 ? "no place in" : g->mstate[idx] == CM_NONE ? "not opened" : "left",
+             g->path + 2);
+    ncfsm__st_reply_err(c, f->id, buf);
+    return -1;
+  }
   if (idx < 0 || (uint32_t)idx != rank) {
     snprintf(buf, n, "%s in group %s as index %u by job rank %u, whose index there is %lld", what,
              g->path, rank, c->rank, (long long)idx);
@@ -322,6 +331,9 @@ const char *ncfsm__st_handle(struct sconn *c, const ncfsm__frame *f, char *buf, 
   case NCFSM__F_GATHER: return handle_gather(c, f, buf, n);
   case NCFSM__F_AGREE: return ncfsm__st_handle_agree(c, f, buf, n);
   case NCFSM__F_BCAST: return handle_bcast(c, f, buf, n);
+  case NCFSM__F_CHAN: return ncfsm__st_handle_chan(c, f, buf, n);
+  case NCFSM__F_CHAN_CLOSE: ncfsm__st_handle_chan_close(c, f); return NULL;
+  case NCFSM__F_NOTICE: ncfsm__st_handle_notice(c, f); return NULL;
   default: return "reply frame (OK/ERR) sent to the server";
   }
 }

@@ -50,6 +50,11 @@ typedef struct ncfsm__store_opts {
   int hosted;                /* a rank's loop runs this store: its own silence is not a loss for
                                 the ranks (it PINGs only while that loop runs) */
   const char *world_from;    /* who set world_size, for the refusals ("the store's --world-size") */
+  /* bootstrap channels (issue 21) */
+  uint32_t max_channels;     /* channels one rank may hold (opened, not yet closed by every
+                                member); 1024 */
+  uint32_t notices_per_s;    /* NOTICEs one connection may send per second (burst the same);
+                                more are dropped; 1000 */
 } ncfsm__store_opts;
 
 typedef struct ncfsm__store_stats {
@@ -75,7 +80,12 @@ typedef struct ncfsm__store_stats {
   uint64_t bcasts_done;      /* BCASTs served to every member (failed ones: gathers_failed) */
   uint64_t hellos_held;
   uint64_t hb_conns;         /* heartbeat connections accepted (not in accepted) */
-  uint64_t closed_silent;    /* ranks lost for a silent heartbeat connection */      /* HELLOs that waited for rank 0's (the job's size) */
+  uint64_t closed_silent;    /* ranks lost for a silent heartbeat connection */
+  uint64_t chans_opened;     /* CHAN frames accepted (a member opened a channel) */
+  uint64_t chans_refused;    /* CHAN frames refused (limit, members differ, ...) */
+  int chans_held;            /* channels the store holds now */
+  uint64_t notices_in, notices_out, notices_dropped; /* NOTICEs received, pushed, dropped */
+  uint64_t old_clients;      /* connections refused for speaking wire version 1 */
 } ncfsm__store_stats;
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o);

@@ -7,11 +7,8 @@
  * BCAST frame (key "bc/<n>"): root's carries the bytes, the others' are
  * answered with them.
  *
- * Recovery: the store pushes LOST frames (a rank's connection ended), which
- * are reported to this bootstrap and to its survivors' bootstraps; an
- * agreement is one AGREE frame in the view's group ("@" for the job); a
- * survivors' bootstrap is another view (tcp_view) of the same connection,
- * whose allgathers are GATHERs "<group>:ag/<n>".
+ * Recovery, survivors' bootstraps, channels and notices are other views
+ * (tcp_view) of the same connection: tcp_views.c.
  */
 #include <errno.h>
 #include <signal.h>
@@ -29,54 +26,11 @@
 #include <event2/event.h>
 #include <event2/util.h>
 
-#include "bootstrap/boot-internal.h"
-#include "bootstrap/frame.h"
 #include "bootstrap/secret.h"
-#include "bootstrap/tcp-heartbeat.h"
+#include "bootstrap/tcp-client.h"
 #include "bootstrap/tcp-internal.h"
 
 #define SUB NCFSM__SUB_BOOT
-
-typedef struct tcp_op {
-  TAILQ_ENTRY(tcp_op) link;
-  uint32_t id;
-  ncfsm_boot_req *req;
-} tcp_op;
-
-struct tcp_impl;
-
-/* What one bootstrap handle sees of the connection: the job (the root view,
- * group "@") or the survivors of an agreement (group "@/<epoch>..."). */
-typedef struct tcp_view {
-  struct tcp_impl *t;
-  ncfsm_boot *b;
-  char path[NCFSM__FRAME_KEY_MAX];
-  uint32_t *ranks; /* [b->size] job ranks; NULL: the root view */
-  LIST_ENTRY(tcp_view) link;
-} tcp_view;
-
-typedef struct tcp_impl {
-  tcp_view root;
-  LIST_HEAD(, tcp_view) views; /* survivors' views */
-  ncfsm_boot *b;
-  ncfsm__store *hosted;
-  struct sockaddr_storage ss;
-  int salen;
-  char addr[160];
-  struct bufferevent *bev;
-  struct evbuffer *queued; /* frames posted before the store accepted the HELLO */
-  int connected, hello_ok, dead;
-  char *token; /* what the HELLO carries: the job token, or this rank's secret */
-  uint64_t deadline_ns;
-  struct event *retry_ev;
-  int retry_ms, attempts;
-  char connect_err[160];
-  uint32_t next_id;
-  TAILQ_HEAD(, tcp_op) ops;
-  ncfsm__frame_limits lim;
-  ncfsm__hb *hb;           /* the heartbeat connection (tcp_heartbeat.c), once the HELLO was answered */
-  struct event *hb_ev;     /* activated by the heartbeat thread when it failed */
-} tcp_impl;
 
 static void tcp_connect(tcp_impl *t);
 
@@ -103,9 +57,11 @@ static void fail_all(tcp_impl *t, const char *fmt, ...) {
   tcp_op *op;
   while ((op = TAILQ_FIRST(&t->ops)) != NULL) {
     TAILQ_REMOVE(&t->ops, op, link);
-    op->req->impl = NULL;
-    if (op->req->b != b) snprintf(op->req->b->err, sizeof op->req->b->err, "%s", b->err);
-    ncfsm__boot_req_finish(op->req, NCFSM_ERR_BOOTSTRAP);
+    if (op->req) {
+      op->req->impl = NULL;
+      if (op->req->b != b) snprintf(op->req->b->err, sizeof op->req->b->err, "%s", b->err);
+      ncfsm__boot_req_finish(op->req, NCFSM_ERR_BOOTSTRAP);
+    }
     free(op);
   }
 }
@@ -173,50 +129,10 @@ static void hb_start(tcp_impl *t, const ncfsm__frame *f) {
     fail_all(t, "store %s: rank %d cannot start its heartbeat: %s", t->addr, t->b->rank, err);
 }
 
-/* The store says a job rank was lost: tell the job's view and the
- * survivors' views it belongs to. */
-static void on_lost(tcp_impl *t, const ncfsm__frame *f) {
-  uint32_t rank = ncfsm__rd32(f->value);
-  char why[600];
-  snprintf(why, sizeof why, "%.*s", (int)(f->vlen - 4 > 500 ? 500 : f->vlen - 4),
-           (const char *)f->value + 4);
-  if (rank >= (uint32_t)t->b->size) return;
-  ncfsm__boot_peer_lost(t->b, (int)rank, why);
-  tcp_view *v;
-  LIST_FOREACH(v, &t->views, link)
-    for (int i = 0; i < v->b->size; i++)
-      if (v->ranks[i] == rank) {
-        char w2[700];
-        snprintf(w2, sizeof w2, "survivors' rank %d of %.100s is job %.500s", i, v->path, why);
-        ncfsm__boot_peer_lost(v->b, i, w2);
-      }
-}
-
-static void on_agree_reply(tcp_impl *t, ncfsm_boot_req *req, const ncfsm__frame *f) {
-  ncfsm_boot *b = req->b;
-  tcp_view *v = b->impl;
-  if (f->type == NCFSM__F_ERR) {
-    ncfsm__boot_seterr(b, "store %s refused agreement epoch %" PRIu64 ": %.*s", t->addr, req->epoch,
-                       (int)f->vlen, (const char *)f->value);
-    return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
-  }
-  if (f->vlen != (uint32_t)t->b->size) {
-    ncfsm__boot_seterr(b, "store %s answered agreement epoch %" PRIu64 " with %u bytes, expected %d",
-                       t->addr, req->epoch, f->vlen, t->b->size);
-    return ncfsm__boot_req_finish(req, NCFSM_ERR_BOOTSTRAP);
-  }
-  req->nalive = 0;
-  for (int i = 0; i < b->size; i++) {
-    uint32_t r = v->ranks ? v->ranks[i] : (uint32_t)i;
-    req->alive[i] = f->value[r] ? 1 : 0;
-    req->nalive += req->alive[i];
-  }
-  ncfsm__boot_req_finish(req, NCFSM_OK);
-}
-
 static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
   ncfsm_boot *b = t->b;
-  if (f->type == NCFSM__F_LOST) return on_lost(t, f);
+  if (f->type == NCFSM__F_LOST) return ncfsm__tcp_on_lost(t, f);
+  if (f->type == NCFSM__F_NOTICE) return ncfsm__tcp_on_notice(t, f);
   if (f->id == 0) { /* the HELLO's answer, or the store closing this connection */
     if (f->type != NCFSM__F_ERR) {
       if (!t->hello_ok) {
@@ -241,10 +157,12 @@ static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
   tcp_op *op = find_op(t, f->id);
   if (!op) return; /* cancelled */
   ncfsm_boot_req *req = op->req;
+  tcp_view *chan = op->view;
   TAILQ_REMOVE(&t->ops, op, link);
   free(op);
+  if (!req) return ncfsm__tcp_on_chan_reply(t, chan, f); /* a CHAN's answer */
   req->impl = NULL;
-  if (req->kind == NCFSM__REQ_AGREE) return on_agree_reply(t, req, f);
+  if (req->kind == NCFSM__REQ_AGREE) return ncfsm__tcp_on_agree_reply(t, req, f);
   b = req->b; /* the job's bootstrap or a survivors' one */
   if (req->kind == NCFSM__REQ_BCAST) {
     if (f->type == NCFSM__F_ERR) {
@@ -277,6 +195,27 @@ static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
   ncfsm__boot_req_finish(req, NCFSM_OK);
 }
 
+/* The store answered in another wire version (an ncfsm-store or rank 0 of another ncfsm): say
+ * so, with the message of its ERR frame if that is what came (headers are alike in every
+ * version). */
+static void old_store(tcp_impl *t, struct evbuffer *in, uint8_t version) {
+  char said[300] = "";
+  size_t n = evbuffer_get_length(in);
+  if (n >= NCFSM__FRAME_HDR) {
+    uint8_t hdr[NCFSM__FRAME_HDR];
+    evbuffer_copyout(in, hdr, sizeof hdr);
+    uint32_t vlen = ncfsm__rd32(hdr + 16);
+    if (hdr[5] == NCFSM__F_ERR && ncfsm__rd32(hdr + 12) == 0 && n >= NCFSM__FRAME_HDR + vlen) {
+      const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)(NCFSM__FRAME_HDR + vlen));
+      snprintf(said, sizeof said, " (it said: %.*s)", (int)(vlen > 250 ? 250 : vlen),
+               (const char *)p + NCFSM__FRAME_HDR);
+    }
+  }
+  fail_all(t, "store %s speaks the store's wire version %u, this rank version %u%s: run the same "
+              "ncfsm on every rank and the store (ncfsm-store, or rank 0 with NCFSM_STORE_HOST=1)",
+           t->addr, version, NCFSM__FRAME_VERSION, said);
+}
+
 static void read_cb(struct bufferevent *bev, void *arg) {
   tcp_impl *t = arg;
   struct evbuffer *in = bufferevent_get_input(bev);
@@ -285,6 +224,8 @@ static void read_cb(struct bufferevent *bev, void *arg) {
     if (n == 0) return;
     size_t want = n < NCFSM__FRAME_HDR ? n : NCFSM__FRAME_HDR, used = 0;
     const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)want);
+    if (want > 4 && ncfsm__rd32(p) == NCFSM__FRAME_MAGIC && p[4] != NCFSM__FRAME_VERSION)
+      return old_store(t, in, p[4]);
     ncfsm__frame f;
     const char *why;
     ncfsm__parse_t r = ncfsm__frame_parse(p, want, &t->lim, &f, &used, &why);
@@ -294,7 +235,8 @@ static void read_cb(struct bufferevent *bev, void *arg) {
       r = ncfsm__frame_parse(p, used, &t->lim, &f, &used, &why);
     }
     if (r != NCFSM__PARSE_OK ||
-        (f.type != NCFSM__F_OK && f.type != NCFSM__F_ERR && f.type != NCFSM__F_LOST))
+        (f.type != NCFSM__F_OK && f.type != NCFSM__F_ERR && f.type != NCFSM__F_LOST &&
+         f.type != NCFSM__F_NOTICE))
       return fail_all(t, "store %s sent a bad frame: %s (is %s an ncfsm store?)", t->addr,
                       why ? why : "not a reply", t->addr);
     on_reply(t, &f);
@@ -475,10 +417,8 @@ static void tcp_close(ncfsm_boot *b) {
   tcp_view *v = b->impl;
   if (!v) return;
   tcp_impl *t = v->t;
-  if (v != &t->root) { /* a survivors' view: its requests are freed (the dispatch checks) */
-    LIST_REMOVE(v, link);
-    free(v->ranks);
-    free(v);
+  if (v != &t->root) { /* a survivors' or a channel's view */
+    ncfsm__tcp_view_close(v);
     b->impl = NULL;
     return;
   }
@@ -499,7 +439,7 @@ static void tcp_close(ncfsm_boot *b) {
 }
 
 /* Queue a frame (before the HELLO's answer: in t->queued). */
-static int tcp_send(tcp_impl *t, uint8_t type, uint32_t id, const void *key, size_t kl,
+int ncfsm__tcp_send(tcp_impl *t, uint8_t type, uint32_t id, const void *key, size_t kl,
                     const void *v1, size_t l1, const void *v2, size_t l2) {
   uint8_t hdr[NCFSM__FRAME_HDR];
   ncfsm__frame_header(hdr, type, id, (uint32_t)kl, (uint32_t)(l1 + l2));
@@ -508,7 +448,7 @@ static int tcp_send(tcp_impl *t, uint8_t type, uint32_t id, const void *key, siz
          (l1 && evbuffer_add(out, v1, l1)) || (l2 && evbuffer_add(out, v2, l2));
 }
 
-static tcp_op *op_new(tcp_impl *t, ncfsm_boot_req *req) {
+tcp_op *ncfsm__tcp_op_new(tcp_impl *t, ncfsm_boot_req *req) {
   tcp_op *op = calloc(1, sizeof *op);
   if (!op) return NULL;
   op->id = t->next_id++;
@@ -524,12 +464,12 @@ static ncfsm_result_t tcp_post_frame(ncfsm_boot *b, ncfsm_boot_req *req, uint8_t
                                      const void *data, size_t dl) {
   tcp_view *view = b->impl;
   tcp_impl *t = view->t;
-  tcp_op *op = op_new(t, req);
+  tcp_op *op = ncfsm__tcp_op_new(t, req);
   if (!op) return NCFSM_ERR_NO_MEMORY;
   char key[NCFSM__FRAME_KEY_MAX + 32];
   int kl = view->ranks ? snprintf(key, sizeof key, "%s:%s/%" PRIu64, view->path, tag, req->seq)
                        : snprintf(key, sizeof key, "%s/%" PRIu64, tag, req->seq);
-  if (tcp_send(t, type, op->id, key, (size_t)kl, v, vl, data, dl)) {
+  if (ncfsm__tcp_send(t, type, op->id, key, (size_t)kl, v, vl, data, dl)) {
     free(op);
     return ncfsm__boot_fail(b, NCFSM_ERR_NO_MEMORY, "tcp bootstrap: out of memory");
   }
@@ -572,7 +512,7 @@ static ncfsm_result_t tcp_bcast_post(ncfsm_boot *b, ncfsm_boot_req *req) {
                         root ? req->len : 0);
 }
 
-static void tcp_cancel(ncfsm_boot_req *req) {
+void ncfsm__tcp_cancel(ncfsm_boot_req *req) {
   tcp_view *v = req->b->impl;
   tcp_impl *t = v ? v->t : NULL;
   tcp_op *op = req->impl;
@@ -582,7 +522,7 @@ static void tcp_cancel(ncfsm_boot_req *req) {
   req->impl = NULL;
 }
 
-static void tcp_describe(ncfsm_boot *b, char *buf, size_t n) {
+void ncfsm__tcp_describe(ncfsm_boot *b, char *buf, size_t n) {
   tcp_impl *t = ((tcp_view *)b->impl)->t;
   if (!t->connected)
     snprintf(buf, n, "store %s unreachable (%d connect attempts; last: %s)", t->addr, t->attempts,
@@ -599,98 +539,19 @@ int ncfsm__boot_tcp_hosted_port(const ncfsm_boot *b) {
   return t->hosted ? ncfsm__store_port(t->hosted) : -1;
 }
 
-/* ---- recovery ------------------------------------------------------------------ */
-
-static ncfsm_result_t tcp_agree_post(ncfsm_boot *b, ncfsm_boot_req *req) {
-  tcp_view *view = b->impl;
-  tcp_impl *t = view->t;
-  if (t->dead) {
-    ncfsm__boot_seterr(b, "agreement epoch %" PRIu64 ": the connection to store %s is lost: %s",
-                       req->epoch, t->addr, t->b->err);
-    return NCFSM_ERR_BOOTSTRAP;
-  }
-  tcp_op *op = op_new(t, req);
-  if (!op) return NCFSM_ERR_NO_MEMORY;
-  uint8_t v[12];
-  ncfsm__wr64(v, req->epoch);
-  ncfsm__wr32(v + 8, b->timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)b->timeout_ms);
-  if (tcp_send(t, NCFSM__F_AGREE, op->id, view->path, strlen(view->path), v, sizeof v, NULL, 0)) {
-    free(op);
-    ncfsm__boot_seterr(b, "tcp agreement: out of memory");
-    return NCFSM_ERR_NO_MEMORY;
-  }
-  TAILQ_INSERT_TAIL(&t->ops, op, link);
-  req->impl = op;
-  return NCFSM_OK;
-}
-
-/* The store names the ranks that did not post when the first poster's
- * timeout passes; this runs agree_grace_ms later, when it did not answer. */
-static ncfsm_result_t tcp_agree_expire(ncfsm_boot_req *req, char *msg, size_t n) {
-  tcp_view *v = req->b->impl;
-  tcp_cancel(req);
-  char what[256] = "";
-  tcp_describe(req->b, what, sizeof what);
-  snprintf(msg, n, "tcp agreement epoch %" PRIu64 " of group %s: no answer after %" PRIu64
-                   " ms (%s): the store should have failed it naming the ranks that did not post",
-           req->epoch, v->path, req->b->timeout_ms + ncfsm__boot_tcp_ops.agree_grace_ms, what);
-  return NCFSM_ERR_BOOTSTRAP;
-}
-
-static ncfsm_result_t tcp_survivors(ncfsm_boot *parent, ncfsm_boot_req *agreed, ncfsm_boot *child) {
-  tcp_view *pv = parent->impl;
-  tcp_impl *t = pv->t;
-  tcp_view *v = calloc(1, sizeof *v);
-  uint32_t *ranks = calloc((size_t)child->size, sizeof *ranks);
-  int pl = v ? snprintf(v->path, sizeof v->path, "%s/%" PRIu64, pv->path, agreed->epoch) : 0;
-  if (!v || !ranks) {
-    free(v);
-    free(ranks);
-    ncfsm__boot_seterr(child, "ncfsm_boot_survivors: out of memory");
-    return NCFSM_ERR_NO_MEMORY;
-  }
-  if (pl + 24 > (int)NCFSM__FRAME_KEY_MAX) {
-    free(v);
-    free(ranks);
-    ncfsm__boot_seterr(child, "ncfsm_boot_survivors: survivors' bootstraps nested too deep (the "
-                              "group name would pass the store's %u-byte key limit)",
-                       NCFSM__FRAME_KEY_MAX);
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
-  int k = 0;
-  for (int i = 0; i < parent->size; i++)
-    if (agreed->alive[i]) ranks[k++] = pv->ranks ? pv->ranks[i] : (uint32_t)i;
-  v->t = t;
-  v->b = child;
-  v->ranks = ranks;
-  LIST_INSERT_HEAD(&t->views, v, link);
-  child->impl = v;
-  if (t->dead) {
-    snprintf(child->err, sizeof child->err, "%s", t->b->err);
-    ncfsm__boot_set_failed(child, NCFSM_ERR_BOOTSTRAP);
-  }
-  for (int i = 0; i < child->size; i++) { /* members lost since the agreement */
-    const char *why = ncfsm__boot_lost_why(t->b, (int)ranks[i]);
-    if (why) {
-      char w2[700];
-      snprintf(w2, sizeof w2, "survivors' rank %d of %.100s is job %.500s", i, v->path, why);
-      ncfsm__boot_peer_lost(child, i, w2);
-    }
-  }
-  return NCFSM_OK;
-}
-
 const ncfsm__boot_ops ncfsm__boot_tcp_ops = {
     .name = "tcp",
     .open = tcp_open,
     .close = tcp_close,
     .post = tcp_post,
     .progress = NULL,
-    .cancel = tcp_cancel,
-    .describe = tcp_describe,
-    .agree_post = tcp_agree_post,
-    .agree_expire = tcp_agree_expire,
+    .cancel = ncfsm__tcp_cancel,
+    .describe = ncfsm__tcp_describe,
+    .agree_post = ncfsm__tcp_agree_post,
+    .agree_expire = ncfsm__tcp_agree_expire,
     .agree_grace_ms = 2000,
-    .survivors = tcp_survivors,
+    .survivors = ncfsm__tcp_survivors,
     .bcast_post = tcp_bcast_post,
+    .channel_open = ncfsm__tcp_channel_open,
+    .notice_post = ncfsm__tcp_notice_post,
 };

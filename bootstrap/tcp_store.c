@@ -111,6 +111,8 @@ void ncfsm__store_opts_init(ncfsm__store_opts *o) {
   o->auth_fail_per_s = 2;
   o->heartbeat_ms = 1000;
   o->silence_ms = 4000;
+  o->max_channels = 1024;
+  o->notices_per_s = 1000;
 }
 
 static void env_u64(const char *name, uint64_t *v) {
@@ -120,11 +122,15 @@ static void env_u64(const char *name, uint64_t *v) {
     NCFSM_WARN(SUB, "%s=%s is not a positive number; using %" PRIu64, name, getenv(name), *v);
 }
 
+static void env_u32(const char *name, uint32_t *v) {
+  uint64_t x = *v;
+  env_u64(name, &x);
+  *v = x > UINT32_MAX ? UINT32_MAX : (uint32_t)x;
+}
+
 void ncfsm__store_opts_env(ncfsm__store_opts *o) {
   uint64_t v;
-  v = o->value_max;
-  env_u64("NCFSM_STORE_VALUE_MAX", &v);
-  o->value_max = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+  env_u32("NCFSM_STORE_VALUE_MAX", &o->value_max);
   env_u64("NCFSM_STORE_MAX_BYTES", &o->max_bytes);
   env_u64("NCFSM_STORE_AUTH_TIMEOUT_MS", &o->auth_timeout_ms);
   env_u64("NCFSM_STORE_FRAME_TIMEOUT_MS", &o->frame_timeout_ms);
@@ -138,20 +144,12 @@ void ncfsm__store_opts_env(ncfsm__store_opts *o) {
     env_u64("NCFSM_STORE_MAX_CONNS", &v);
     o->max_conns = v > (1u << 30) ? (1 << 30) : (int)v;
   }
-  v = o->max_parked;
-  env_u64("NCFSM_STORE_MAX_PARKED", &v);
-  o->max_parked = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
-  v = o->auth_fail_burst;
-  env_u64("NCFSM_STORE_AUTH_FAIL_BURST", &v);
-  o->auth_fail_burst = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
-  v = o->auth_fail_per_s;
-  env_u64("NCFSM_STORE_AUTH_FAIL_PER_S", &v);
-  o->auth_fail_per_s = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
-  v = o->world_size;
-  if (getenv("NCFSM_STORE_WORLD_SIZE")) {
-    env_u64("NCFSM_STORE_WORLD_SIZE", &v);
-    o->world_size = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
-  }
+  env_u32("NCFSM_STORE_MAX_PARKED", &o->max_parked);
+  env_u32("NCFSM_STORE_AUTH_FAIL_BURST", &o->auth_fail_burst);
+  env_u32("NCFSM_STORE_AUTH_FAIL_PER_S", &o->auth_fail_per_s);
+  if (getenv("NCFSM_STORE_WORLD_SIZE")) env_u32("NCFSM_STORE_WORLD_SIZE", &o->world_size);
+  env_u32("NCFSM_STORE_MAX_CHANNELS", &o->max_channels);
+  env_u32("NCFSM_STORE_NOTICES_PER_S", &o->notices_per_s);
   env_u64("NCFSM_STORE_HEARTBEAT_MS", &o->heartbeat_ms);
   env_u64("NCFSM_STORE_SILENCE_MS", &o->silence_ms);
   if (getenv("NCFSM_STORE_HEARTBEAT")) o->heartbeat_off = ncfsm__env_ll("NCFSM_STORE_HEARTBEAT", 1) == 0;
@@ -210,6 +208,8 @@ int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm
   DFLT(auth_fail_per_s);
   DFLT(heartbeat_ms);
   DFLT(silence_ms);
+  DFLT(max_channels);
+  DFLT(notices_per_s);
 #undef DFLT
   if (s->o.max_conns <= 0) {
     struct rlimit rl;

@@ -6,8 +6,8 @@
  *
  * The token is read from NCFSM_STORE_TOKEN unless --token is given (argv is
  * visible to every user through ps; prefer the environment). The limits
- * (docs/bootstrap.md, "Limits") come from NCFSM_STORE_* and then from the
- * flags. Stops on
+ * (docs/bootstrap.md, "Limits"; channels and notices: "Channels", "Notices")
+ * come from NCFSM_STORE_* and then from the flags. Stops on
  * SIGINT/SIGTERM and then exits 0. Exit status 2 for a bad argument, 1 when
  * the store cannot start (no token, a non-loopback address without
  * --allow-remote, the port is taken).
@@ -55,6 +55,10 @@ static void usage(FILE *f) {
              "  --no-heartbeat         no heartbeat connections (NCFSM_STORE_HEARTBEAT=0)\n"
              "  --rejoin               a rank whose connection ended may connect again\n"
              "  --rank-secrets         a rank's HELLO must carry its secret, not the token\n"
+             "  --max-channels N       channels one rank may hold, until every member closed\n"
+             "                         them (1024)\n"
+             "  --notices-per-s N      notices one connection may send per second; the store\n"
+             "                         drops the others (1000)\n"
              "  --print-rank-secret R/N  print rank R of N's secret (from the token) and exit\n");
 }
 
@@ -90,7 +94,8 @@ static const num_flag num_flags[] = {
     {"--max-conns", 0, 1u << 30},          {"--max-parked", 0, UINT32_MAX},
     {"--auth-fail-burst", 0, UINT32_MAX},  {"--auth-fail-per-s", 0, UINT32_MAX},
     {"--world-size", 0, 1u << 22},         {"--heartbeat-ms", 0, 3600000ull},
-    {"--silence-ms", 0, 86400000ull},
+    {"--silence-ms", 0, 86400000ull},      {"--max-channels", 0, UINT32_MAX},
+    {"--notices-per-s", 0, UINT32_MAX},
 };
 
 static void set_num(ncfsm__store_opts *o, const char *name, unsigned long long x) {
@@ -108,6 +113,8 @@ static void set_num(ncfsm__store_opts *o, const char *name, unsigned long long x
   else if (!strcmp(name, "--world-size")) o->world_size = (uint32_t)x;
   else if (!strcmp(name, "--heartbeat-ms")) o->heartbeat_ms = x;
   else if (!strcmp(name, "--silence-ms")) o->silence_ms = x;
+  else if (!strcmp(name, "--max-channels")) o->max_channels = (uint32_t)x;
+  else if (!strcmp(name, "--notices-per-s")) o->notices_per_s = (uint32_t)x;
 }
 
 static const num_flag *find_num_flag(const char *a) {
@@ -222,9 +229,11 @@ int main(int argc, char **argv) {
           "replies, %llu over the input budget, %llu over max parked, %llu ranks gone, %llu rank "
           "conflicts, %llu rejoins refused, %llu allgathers/broadcasts failed, %llu broadcasts done, "
           "%llu agreements done, %llu "
-          "agreements failed, %llu LOST frames sent, %d survivors' groups, %llu HELLOs waited for "
-          "rank 0's, %llu heartbeat connections, %llu ranks lost silent; peak %llu bytes held, "
-          "%llu inflight, %llu queued out\n",
+          "agreements failed, %llu LOST frames sent, %d groups held (survivors' and channels), %llu "
+          "HELLOs waited for rank 0's, %llu heartbeat connections, %llu ranks lost silent, %llu "
+          "channel opens, %llu refused, %d channels held, %llu notices in, %llu out, %llu "
+          "dropped, %llu version-1 clients refused; peak %llu bytes held, %llu inflight, %llu "
+          "queued out\n",
           (unsigned long long)st.accepted, (unsigned long long)st.authenticated,
           (unsigned long long)st.rejected_token, (unsigned long long)st.closed_bad_frame,
           (unsigned long long)st.frames, (unsigned long long)st.refused_busy,
@@ -236,8 +245,10 @@ int main(int argc, char **argv) {
           (unsigned long long)st.agreements_done,
           (unsigned long long)st.agreements_failed, (unsigned long long)st.lost_pushed, st.groups,
           (unsigned long long)st.hellos_held, (unsigned long long)st.hb_conns,
-          (unsigned long long)st.closed_silent,
-          (unsigned long long)st.peak_bytes,
+          (unsigned long long)st.closed_silent, (unsigned long long)st.chans_opened,
+          (unsigned long long)st.chans_refused, st.chans_held, (unsigned long long)st.notices_in,
+          (unsigned long long)st.notices_out, (unsigned long long)st.notices_dropped,
+          (unsigned long long)st.old_clients, (unsigned long long)st.peak_bytes,
           (unsigned long long)st.peak_inflight, (unsigned long long)st.peak_out);
   ncfsm__store_close(s);
   event_free(sint);

@@ -5,7 +5,9 @@
  *
  * Implementations: pmix (PMIx_Fence_nb with data collection), tcp (a
  * key-value store on libevent, hosted by rank 0 or standalone), local (ranks
- * in one process). Completion is observed on the loop's thread: test() never
+ * in one process). Channels (ncfsm_boot_channel_open) are bootstraps of their
+ * own among some of its ranks; notices (ncfsm_boot_notice_post) reach every
+ * rank without a matching call. Completion is observed on the loop's thread: test() never
  * blocks, and a request's completion wakes the loop's event_base.
  */
 #ifndef NCFSM_BOOTSTRAP_H
@@ -205,6 +207,76 @@ int ncfsm_boot_root_of(int size, int nroots, int j);
  * NCFSM_ERR_INVALID_ARGUMENT. */
 ncfsm_result_t ncfsm_boot_bcast_roots_post(ncfsm_boot *b, void *buf, size_t len, int nroots,
                                            ncfsm_boot_req **req);
+
+/* ---- Channels (issue 21) -----------------------------------------------------------------
+ * An independent ordered stream of collectives among some ranks of a bootstrap
+ * (docs/bootstrap.md, "Channels"). Every collective of b ("in the same order on every rank")
+ * is ordered with b's other collectives; a channel's are ordered only with that channel's: a
+ * library (ncfsm's cross-rank verification) can exchange on its own channel while the program
+ * exchanges on b, in any interleaving, and the two never see each other's bytes.
+ *
+ * ncfsm_boot_channel_open(b, tag, members, n, &ch): members[0..n) are distinct ranks of b,
+ * this rank among them (members NULL or n 0: every rank of b, in rank order); the channel's
+ * rank i is members[i] (ncfsm_boot_rank(ch) = this rank's index, ncfsm_boot_size(ch) = n; local
+ * rank and size are b's). tag names it: 1 to NCFSM_BOOT_TAG_MAX bytes of [A-Za-z0-9._-] (e.g.
+ * "ncfsm.verify.1f2e3d4c5b6a7988"). Every member opens the same (tag, members), at any time
+ * before or after the others and in any order across tags: a collective posted on a channel
+ * that a member has not opened yet waits for it (up to the request's timeout), it does not
+ * fail. ch is an ncfsm_boot: allgather, barrier, broadcast, roots, test, on_done, req_free,
+ * last_error, on_failed and (tcp, local) on_peer_lost work on it; its collectives, errors and
+ * sticky failure are its own (b's are not touched). Agreements and survivors' bootstraps are
+ * b's business: on a channel they return NCFSM_ERR_UNSUPPORTED. Channels of channels work
+ * (members are ranks of the channel they are opened on).
+ * Peer loss: a rank of b reported lost (tcp, local) is reported on every channel of b it is a
+ * member of, in the channel's ranks ("rank 1 of channel 'x' is rank 3 of its parent: ..."), and
+ * a channel collective that waits for it fails naming it; a member that closes the channel is
+ * lost for the channel's other members.
+ * Close it with ncfsm_boot_close before b: closing b while a channel of it is open returns
+ * NCFSM_ERR_BUSY naming the channels (as for survivors' bootstraps). After every member
+ * closed it, the same (tag, members) may be opened again (a new channel, seq 0).
+ * Errors: a bad tag or member list: NCFSM_ERR_INVALID_ARGUMENT; a channel of that tag already
+ * open on b: NCFSM_ERR_BUSY; b failed for good: its error; a member list that differs from
+ * the one another member opened the tag with (tcp, local: found at the store / group, the
+ * channel then fails for good naming both; pmix: the two never meet, the first collective
+ * times out). tcp: the store bounds the channels a rank holds (NCFSM_STORE_MAX_CHANNELS). */
+#define NCFSM_BOOT_TAG_MAX 64
+ncfsm_result_t ncfsm_boot_channel_open(ncfsm_boot *b, const char *tag, const int *members, int n,
+                                       ncfsm_boot **out);
+/* The channel's tag; NULL for a bootstrap that is not a channel (or a bad handle). */
+const char *ncfsm_boot_channel_tag(const ncfsm_boot *b);
+
+/* ---- Notices (issue 21) ------------------------------------------------------------------
+ * A best-effort, asynchronous broadcast of a small notice to every other rank of a bootstrap
+ * or channel (docs/bootstrap.md, "Notices"): e.g. "comm 0x1f2e... failed at seq 200 on rank 1,
+ * cause NCFSM_ERR_MISMATCH". Notices are not ordered with collectives, need no matching call
+ * on the receivers, and never block the poster: ncfsm_boot_notice_post hands the notice to the
+ * transport and returns; a rank that is dead, not yet connected, or (a channel) has not opened
+ * the channel does not get it. Each receiving rank's callback (ncfsm_boot_on_notice) runs on
+ * its bootstrap's loop thread, from the base's dispatch, once per notice; the poster does not
+ * get its own. Delivery: tcp, the store fans the frame out to every connected rank of the job
+ * (a channel: every member that opened it); local, directly into the other members; pmix,
+ * PMIx_Notify_event (on Open MPI 4.1's mpirun only the ranks of the poster's node get it:
+ * docs/bootstrap.md says what was measured). */
+#define NCFSM_BOOT_NOTICE_WHAT 256
+typedef struct ncfsm_boot_notice {
+  uint64_t key;   /* what the notice is about (the engine: a comm id); not interpreted */
+  int origin;     /* the poster's rank in the bootstrap (set by ncfsm_boot_notice_post) */
+  uint64_t seq;   /* e.g. the seq at which the comm failed; not interpreted */
+  int32_t cause;  /* e.g. an ncfsm_result_t; not interpreted */
+  char what[NCFSM_BOOT_NOTICE_WHAT]; /* text, NUL-terminated (cut at 255 bytes) */
+} ncfsm_boot_notice;
+/* Post n to every other rank of b (origin is set to ncfsm_boot_rank(b); the caller's is
+ * ignored). NCFSM_OK once handed to the transport (delivery is not confirmed); the
+ * bootstrap's own failure (tcp: the store connection is lost) when nothing can be sent;
+ * NCFSM_ERR_INVALID_ARGUMENT for a bad handle or NULL n. Any thread that runs b's base. */
+ncfsm_result_t ncfsm_boot_notice_post(ncfsm_boot *b, const ncfsm_boot_notice *n);
+/* cb(b, n, arg) runs on b's loop thread, from the base's dispatch, for each notice another
+ * rank posted on b (n valid during the call). Notices that arrive while no callback is set
+ * are kept (at most 1024; more are dropped and counted in a WARN) and told to the next one.
+ * A second call replaces cb; cb NULL removes it. Closing b from inside cb returns
+ * NCFSM_ERR_BUSY. NCFSM_ERR_INVALID_ARGUMENT for a bad handle. */
+typedef void (*ncfsm_boot_notice_cb)(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg);
+ncfsm_result_t ncfsm_boot_on_notice(ncfsm_boot *b, ncfsm_boot_notice_cb cb, void *arg);
 
 #ifdef __cplusplus
 }

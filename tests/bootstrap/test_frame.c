@@ -81,6 +81,43 @@ static void test_errors(void **state) {
   expect_err(buf, n, &LIM, "rank not below size");
 }
 
+/* Version 2 (issue 21): CHAN, CHAN_CLOSE and NOTICE, their shapes; version 1 is refused. */
+static void test_channel_frames(void **state) {
+  (void)state;
+  uint8_t buf[600], v[12];
+  ncfsm__frame f;
+  size_t used, n;
+  const char *why;
+  ncfsm__wr32(v, 2);
+  ncfsm__wr32(v + 4, 3);
+  ncfsm__wr32(v + 8, 0);
+  n = make(buf, NCFSM__F_CHAN, 5, "@#ncfsm.verify.1f", v, 12);
+  assert_int_equal(NCFSM__PARSE_OK, ncfsm__frame_parse(buf, n, &LIM, &f, &used, &why));
+  assert_string_equal("CHAN", ncfsm__frame_type_name(f.type));
+  n = make(buf, NCFSM__F_CHAN, 5, "@#t", v, 8);
+  expect_err(buf, n, &LIM, "u32 n + n x u32 ranks");
+  n = make(buf, NCFSM__F_CHAN, 5, "@/3", v, 12);
+  expect_err(buf, n, &LIM, "CHAN key is not @#<tag>");
+  n = make(buf, NCFSM__F_CHAN_CLOSE, 0, "@#t", NULL, 0);
+  assert_int_equal(NCFSM__PARSE_OK, ncfsm__frame_parse(buf, n, &LIM, &f, &used, &why));
+  n = make(buf, NCFSM__F_CHAN_CLOSE, 0, "@#t", v, 4);
+  expect_err(buf, n, &LIM, "CHAN_CLOSE with a value");
+  uint8_t nt[300] = {0};
+  n = make(buf, NCFSM__F_NOTICE, 0, "@", nt, 24);
+  assert_int_equal(NCFSM__PARSE_OK, ncfsm__frame_parse(buf, n, &LIM, &f, &used, &why));
+  n = make(buf, NCFSM__F_NOTICE, 0, "@", nt, 23);
+  expect_err(buf, n, &LIM, "NOTICE value");
+  n = make(buf, NCFSM__F_NOTICE, 0, "@", nt, 280);
+  expect_err(buf, n, &LIM, "NOTICE value");
+  n = make(buf, NCFSM__F_NOTICE, 0, "x", nt, 24);
+  expect_err(buf, n, &LIM, "NOTICE key");
+  n = make(buf, NCFSM__F_SET, 1, "k", "v", 1);
+  buf[4] = 1; /* a version-1 peer */
+  expect_err(buf, n, &LIM, "version");
+  ncfsm__frame_header_v(buf, 1, NCFSM__F_ERR, 0, 0, 0);
+  assert_int_equal(1, buf[4]);
+}
+
 static void test_ct_equal(void **state) {
   (void)state;
   assert_true(ncfsm__ct_equal("abc", 3, "abc", 3));
@@ -94,6 +131,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       BT_TEST(test_roundtrip_and_truncation),
       BT_TEST(test_errors),
+      BT_TEST(test_channel_frames),
       BT_TEST(test_ct_equal),
   };
   return cmocka_run_group_tests_name("bootstrap_frame", tests, NULL, NULL);

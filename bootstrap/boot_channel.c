@@ -1,0 +1,162 @@
+/*
+ * Channels (docs/bootstrap.md, "Channels"): ncfsm_boot_channel_open checks the tag and the
+ * members, makes the channel's handle (a bootstrap of its own whose rank i is members[i]) and
+ * lets the implementation join it; the parent keeps a list of its open channels, refuses to
+ * close while one is open, and passes its peer-loss reports on to them (boot_notify.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bootstrap/boot-internal.h"
+
+#define BOOT_OK(b) ((b) && (b)->magic == NCFSM__BOOT_MAGIC)
+
+const char *ncfsm_boot_channel_tag(const ncfsm_boot *b) { return BOOT_OK(b) ? b->chan_tag : NULL; }
+
+int ncfsm__boot_chan_index(const ncfsm_boot *b, int r) {
+  for (int i = 0; i < b->size; i++)
+    if (b->chan_ranks[i] == r) return i;
+  return -1;
+}
+
+void ncfsm__boot_chan_unlink(ncfsm_boot *b) {
+  ncfsm_boot *p = b->parent;
+  for (ncfsm_boot **q = &p->chans; *q; q = &(*q)->chan_next)
+    if (*q == b) {
+      *q = b->chan_next;
+      p->nchans--;
+      return;
+    }
+}
+
+/* NULL, or what is wrong with tag (into buf). */
+static const char *tag_problem(const char *tag, char *buf, size_t n) {
+  if (!tag || !*tag) return "the tag is empty";
+  size_t len = strnlen(tag, NCFSM_BOOT_TAG_MAX + 1);
+  if (len > NCFSM_BOOT_TAG_MAX) {
+    snprintf(buf, n, "the tag '%.40s...' is longer than %d bytes", tag, NCFSM_BOOT_TAG_MAX);
+    return buf;
+  }
+  for (size_t i = 0; i < len; i++) {
+    char c = tag[i];
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+        c == '_' || c == '-')
+      continue;
+    snprintf(buf, n, "the tag '%s' has the byte 0x%02x at %zu (a tag is letters, digits and . _ -)",
+             tag, (unsigned char)c, i);
+    return buf;
+  }
+  return NULL;
+}
+
+/* Check members[0..n) against b (NULL/0: every rank); the list in *out (malloc'd). */
+static ncfsm_result_t members_take(ncfsm_boot *b, const char *tag, const int *members, int n,
+                                   int **out, int *nout) {
+  if (!members || n == 0) n = b->size;
+  if (n < 1 || n > b->size) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_channel_open('%s'): %d members; a channel has 1 to %d (the "
+                          "bootstrap's size)",
+                       tag, n, b->size);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  int *m = malloc((size_t)n * sizeof *m);
+  unsigned char *seen = calloc((size_t)b->size, 1);
+  if (!m || !seen) {
+    free(m);
+    free(seen);
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  int me = 0;
+  for (int i = 0; i < n; i++) {
+    int r = members ? members[i] : i;
+    const char *bad = r < 0 || r >= b->size ? "is not a rank of the bootstrap"
+                      : seen[r]             ? "is listed twice"
+                                            : NULL;
+    if (bad) {
+      ncfsm__boot_seterr(b, "ncfsm_boot_channel_open('%s'): member %d (rank %d) %s (ranks 0 to %d, "
+                            "each once)",
+                         tag, i, r, bad, b->size - 1);
+      free(m);
+      free(seen);
+      return NCFSM_ERR_INVALID_ARGUMENT;
+    }
+    seen[r] = 1;
+    m[i] = r;
+    me |= r == b->rank;
+  }
+  free(seen);
+  if (!me) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_channel_open('%s'): rank %d (this rank) is not among the %d "
+                          "members; only members open a channel",
+                       tag, b->rank, n);
+    free(m);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  *out = m;
+  *nout = n;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_channel_open(ncfsm_boot *b, const char *tag, const int *members, int n,
+                                       ncfsm_boot **out) {
+  if (out) *out = NULL;
+  if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
+  char buf[160];
+  const char *bad = tag_problem(tag, buf, sizeof buf);
+  if (bad) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_channel_open: %s", bad);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (!b->ops->channel_open) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_channel_open('%s'): the %s bootstrap has no channels", tag,
+                       b->ops->name);
+    return NCFSM_ERR_UNSUPPORTED;
+  }
+  for (ncfsm_boot *c = b->chans; c; c = c->chan_next)
+    if (!strcmp(c->chan_tag, tag)) {
+      ncfsm__boot_seterr(b, "ncfsm_boot_channel_open('%s'): a channel of that tag is already open on "
+                            "this bootstrap; close it first (one channel per tag)",
+                         tag);
+      return NCFSM_ERR_BUSY;
+    }
+  if (b->failed != NCFSM_OK) return b->failed; /* b->err says why */
+  int *m = NULL;
+  ncfsm_result_t r = members_take(b, tag, members, n, &m, &n);
+  if (r != NCFSM_OK) return r;
+  ncfsm_boot *c = ncfsm__boot_shell_new(b->base, b->ops, b->kind);
+  if (!c || !(c->chan_tag = strdup(tag))) {
+    if (c) ncfsm__boot_shell_free(c);
+    free(m);
+    return NCFSM_ERR_NO_MEMORY;
+  }
+  c->chan_ranks = m;
+  c->size = n;
+  for (int i = 0; i < n; i++)
+    if (m[i] == b->rank) c->rank = i;
+  c->local_rank = b->local_rank;
+  c->local_size = b->local_size;
+  c->timeout_ms = b->timeout_ms;
+  c->parent = b;
+  if ((r = b->ops->channel_open(b, c)) != NCFSM_OK) {
+    ncfsm__boot_seterr(b, "%s", c->err[0] ? c->err : ncfsm_strerror(r));
+    ncfsm__boot_shell_free(c);
+    return r;
+  }
+  c->chan_next = b->chans;
+  b->chans = c;
+  b->nchans++;
+  for (int i = 0; i < n; i++) { /* members lost before it was opened */
+    const char *why = ncfsm__boot_lost_why(b, m[i]);
+    if (!why) continue;
+    char w2[700];
+    snprintf(w2, sizeof w2, "rank %d of channel '%s' is rank %d of its parent: %.600s", i, tag, m[i],
+             why);
+    ncfsm__boot_peer_lost(c, i, w2);
+  }
+  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s: channel '%s' open: rank %d of %d (rank %d of %d of its "
+                              "parent)",
+             b->ops->name, tag, c->rank, c->size, b->rank, b->size);
+  *out = c;
+  return NCFSM_OK;
+}
