@@ -10,6 +10,9 @@
  * mutex, event_active the request's wake event if the request still exists.
  * Everything else (issuing the gets, copying into recv, finishing) runs on
  * the loop thread from that wake event (ncfsm__boot_ops.progress).
+ *
+ * Channels (no fences: they never meet the program's own) are pmix_channel.c;
+ * notices (PMIx_Notify_event) pmix_notice.c.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -22,7 +25,7 @@
 #include <event2/event.h>
 #include <pmix.h>
 
-#include "bootstrap/boot-internal.h"
+#include "bootstrap/pmix-internal.h"
 
 enum { PH_FENCING = 0, PH_FENCED, PH_GETTING, PH_GOT };
 
@@ -47,11 +50,6 @@ typedef struct pget {
   pcell *cell;
   int rank;
 } pget;
-
-typedef struct pmix_impl {
-  pmix_proc_t me;
-  unsigned inst;
-} pmix_impl;
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int init_refs;
@@ -78,6 +76,7 @@ static void cell_hand_over(pcell *c) {
 
 static void fence_cb(pmix_status_t status, void *cbdata) {
   pcell *c = cbdata;
+  ncfsm__pmix_quickack();
   c->fence_status = status;
   atomic_store(&c->phase, PH_FENCED);
   cell_hand_over(c);
@@ -87,6 +86,8 @@ static void fence_cb(pmix_status_t status, void *cbdata) {
 static void get_cb(pmix_status_t status, pmix_value_t *kv, void *cbdata) {
   pget *g = cbdata;
   pcell *c = g->cell;
+  ncfsm__pmix_quickack();
+  int ours = status == PMIX_SUCCESS && kv; /* an error's kv stays libpmix's (a double free) */
   if (status == PMIX_SUCCESS && kv && kv->type == PMIX_BYTE_OBJECT) {
     c->vlens[g->rank] = kv->data.bo.size;
     c->vals[g->rank] = malloc(kv->data.bo.size ? kv->data.bo.size : 1);
@@ -99,7 +100,7 @@ static void get_cb(pmix_status_t status, pmix_value_t *kv, void *cbdata) {
     pmix_status_t expect = PMIX_SUCCESS;
     atomic_compare_exchange_strong(&c->get_status, &expect, status);
   }
-  if (kv) PMIX_VALUE_RELEASE(kv); /* PMIx hands the value over to the callback */
+  if (ours) PMIX_VALUE_RELEASE(kv); /* PMIx hands a found value over to the callback */
   free(g);
   if (atomic_fetch_sub(&c->gets_left, 1) == 1) {
     atomic_store(&c->phase, PH_GOT);
@@ -138,7 +139,7 @@ static ncfsm_result_t pmix_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
     free(p);
     return NCFSM_ERR_BOOTSTRAP;
   }
-  init_refs++;
+  if (init_refs++ == 0) ncfsm__pmix_notices_start();
   p->inst = n_instances++;
   pthread_mutex_unlock(&init_mu);
 
@@ -157,20 +158,26 @@ static ncfsm_result_t pmix_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   b->local_rank = (int)lrank;
   b->local_size = (int)lsize;
   b->impl = p;
+  ncfsm__pmix_reg_add(b, p->inst, 0, NULL);
   return NCFSM_OK;
 fail:
   pthread_mutex_lock(&init_mu);
-  if (--init_refs == 0) PMIx_Finalize(NULL, 0);
+  if (--init_refs == 0) {
+    ncfsm__pmix_notices_stop();
+    PMIx_Finalize(NULL, 0);
+  }
   pthread_mutex_unlock(&init_mu);
   free(p);
   return NCFSM_ERR_BOOTSTRAP;
 }
 
 static void pmix_close(ncfsm_boot *b) {
+  ncfsm__pmix_reg_del(b);
   free(b->impl);
   b->impl = NULL;
   pthread_mutex_lock(&init_mu);
   if (--init_refs == 0) {
+    ncfsm__pmix_notices_stop();
     pmix_status_t rc = PMIx_Finalize(NULL, 0);
     if (rc != PMIX_SUCCESS)
       NCFSM_WARN(NCFSM__SUB_BOOT, "PMIx_Finalize: %s", PMIx_Error_string(rc));
@@ -399,8 +406,8 @@ const ncfsm__boot_ops ncfsm__boot_pmix_ops = {
     .describe = pmix_describe,
     .bcast_post = pmix_post,
     .roots_post = pmix_post, /* one fence for every root (concurrent ones fail: PARTIAL SUCCESS) */
+    .channel_open = ncfsm__pmix_channel_open,
+    .notice_post = ncfsm__pmix_notice_post,
     /* no agree_post: peer loss, agreement and survivors are unsupported */
-    .no_recovery = "the pmix bootstrap does not support recovery from dead ranks (Open MPI's "
-                   "mpirun ends the whole job when a process dies); use the TCP store, "
-                   "NCFSM_BOOTSTRAP=tcp, for recovery",
+    .no_recovery = NCFSM__PMIX_NO_RECOVERY,
 };
