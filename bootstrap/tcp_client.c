@@ -197,19 +197,18 @@ static void on_reply(tcp_impl *t, const ncfsm__frame *f) {
 
 /* The store answered in another wire version (an ncfsm-store or rank 0 of another ncfsm): say
  * so, with the message of its ERR frame if that is what came (headers are alike in every
- * version). */
+ * version); an ERR frame whose message has not all arrived yet is waited for. */
 static void old_store(tcp_impl *t, struct evbuffer *in, uint8_t version) {
   char said[300] = "";
   size_t n = evbuffer_get_length(in);
-  if (n >= NCFSM__FRAME_HDR) {
-    uint8_t hdr[NCFSM__FRAME_HDR];
-    evbuffer_copyout(in, hdr, sizeof hdr);
-    uint32_t vlen = ncfsm__rd32(hdr + 16);
-    if (hdr[5] == NCFSM__F_ERR && ncfsm__rd32(hdr + 12) == 0 && n >= NCFSM__FRAME_HDR + vlen) {
-      const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)(NCFSM__FRAME_HDR + vlen));
-      snprintf(said, sizeof said, " (it said: %.*s)", (int)(vlen > 250 ? 250 : vlen),
-               (const char *)p + NCFSM__FRAME_HDR);
-    }
+  if (n < NCFSM__FRAME_HDR) return;
+  uint8_t hdr[NCFSM__FRAME_HDR];
+  evbuffer_copyout(in, hdr, sizeof hdr);
+  uint32_t vlen = ncfsm__rd32(hdr + 16);
+  if (hdr[5] == NCFSM__F_ERR && ncfsm__rd32(hdr + 12) == 0 && vlen <= 4096) {
+    if (n < NCFSM__FRAME_HDR + vlen) return; /* the rest of the message comes */
+    const uint8_t *p = evbuffer_pullup(in, (ev_ssize_t)(NCFSM__FRAME_HDR + vlen));
+    snprintf(said, sizeof said, " (it said: %.*s)", (int)(vlen > 250 ? 250 : vlen), (const char *)p + NCFSM__FRAME_HDR);
   }
   fail_all(t, "store %s speaks the store's wire version %u, this rank version %u%s: run the same "
               "ncfsm on every rank and the store (ncfsm-store, or rank 0 with NCFSM_STORE_HOST=1)",
