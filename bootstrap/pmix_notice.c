@@ -178,7 +178,7 @@ static void find_server_fd(void) {
 }
 
 void ncfsm__pmix_quickack(void) {
-  int fd = getenv("XQA") ? -1 : atomic_load(&srv_fd), one = 1;
+  int fd = atomic_load(&srv_fd), one = 1;
   if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
 }
 
