@@ -140,6 +140,7 @@ ACT(release_backend) {
   COMM;
   c->bcomm = NULL;
   ncfsm__fail_all(c, NCFSM_WORK_ABORTED, NCFSM_ERR_ABORTED);
+  if (c->vops) c->vops->ended(c); /* the program may close the comm's bootstrap now */
 }
 
 /* NCCL_SHRINK_ABORT (or a shrink of a failed or revoked comm) terminates the

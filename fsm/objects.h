@@ -136,6 +136,8 @@ typedef struct ncfsm__verify_ops {
   const char *(*state_name)(const ncfsm_comm *c);
   /* the watchdog found a launch of c older than c->verify_stall_ns */
   void (*stall_due)(ncfsm_comm *c);
+  /* c's NCCL communicator is gone (CLOSED; on the loop thread): the channel closes */
+  void (*ended)(ncfsm_comm *c);
 } ncfsm__verify_ops;
 
 /* Layer 5 plugs in what the calls of layer 4 attach to a comm (set once, at

@@ -61,6 +61,10 @@ ACT(drop) {
   VER;
   drop(v);
 }
+ACT(ask) {
+  VER;
+  ncfsm__vchan_ask(v);
+}
 
 static void (*const verify_acts[NCFSM__VA_COUNT])(void *, void *) = {
 #define NCFSM_ACTION(name, desc) [NCFSM__VA_##name] = vact_##name,
@@ -111,11 +115,16 @@ static void on_forget(ncfsm_comm *c, ncfsm_work *w) {
   ncfsm__vstrict_forget(w);
 }
 
+/* The comm's NCCL communicator is being destroyed or gone: the channel
+ * closes (a failed comm keeps it: it still tells and answers the others). */
+static bool ended(const ncfsm_comm *c) { return ncfsm__sflags(c->state) & NCFSM_SF_END; }
+
 static bool on_busy(const ncfsm_comm *c) {
   const struct ncfsm__verifier *v = ver(c);
   if (v->local && v->state == NCFSM__VS_UNVERIFIED) return ncfsm__vlocal_told(v); /* only a peer's failure */
   if (v->local && polled(v))
     return ncfsm__vlocal_told(v) || (v->state == NCFSM__VS_WAITING ? ncfsm__has(c, NCFSM_SF_WORKS) : ncfsm__vlocal_busy(v));
+  if (ncfsm__vchan_busy(v) || (ended(c) && ncfsm__vchan_open_now(v))) return true; /* notices; a channel to close */
   switch (v->state) {
     case NCFSM__VS_WAITING: /* one poll starts it once the comm is in service */
       return v->comp || ncfsm__vstrict_pending(v) || ncfsm__has(c, NCFSM_SF_WORKS);
@@ -124,17 +133,28 @@ static bool on_busy(const ncfsm_comm *c) {
     case NCFSM__VS_EXCHANGING:
     case NCFSM__VS_COLLECTING:
     case NCFSM__VS_DETAILING:
+    case NCFSM__VS_ASKING:
     case NCFSM__VS_BROKEN: return true;
     case NCFSM__VS_RUNNING: return v->vq_head || ncfsm__vstrict_pending(v);
     default: return false;
   }
 }
 
+static bool poll_states(ncfsm_comm *c, uint64_t now);
+
 static bool on_poll(ncfsm_comm *c, uint64_t now) {
+  struct ncfsm__verifier *v = ver(c);
+  bool progress = poll_states(c, now);
+  if (ended(c)) ncfsm__vchan_retire(v);
+  return progress;
+}
+
+static bool poll_states(ncfsm_comm *c, uint64_t now) {
   struct ncfsm__verifier *v = ver(c);
   unsigned f = ncfsm__sflags(c->state);
   char what[512];
-  if (v->local && ncfsm__vlocal_take_failure(v, what, sizeof what)) { /* in any state: an init waits on it too */
+  if ((v->local && ncfsm__vlocal_take_failure(v, what, sizeof what)) || /* in any state: an init waits on it too */
+      ncfsm__vchan_take(v, what, sizeof what)) {
     ncfsm__verify_fire(v, NCFSM__VE_PEER_FAILED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_PEER, what);
     return true;
   }
@@ -145,6 +165,11 @@ static bool on_poll(ncfsm_comm *c, uint64_t now) {
     return false;
   }
   unsigned before = v->state;
+  if (v->state == NCFSM__VS_WAITING && v->parent && !v->boot && !ncfsm__vchan_open(v, what, sizeof what)) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] %s: this comm runs unverified", c->name, c->rank, what);
+    ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
+    return true;
+  }
   if (v->state == NCFSM__VS_WAITING || v->state == NCFSM__VS_BROKEN)
     ncfsm__verify_fire(v, NCFSM__VE_IN_SERVICE, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
   bool progress = v->state != before;
@@ -155,6 +180,7 @@ static bool on_poll(ncfsm_comm *c, uint64_t now) {
     return progress;
   }
   if (v->state == NCFSM__VS_DETAILING) return ncfsm__vasync_poll_detail(v, now) || progress;
+  if (v->state == NCFSM__VS_ASKING) return ncfsm__vchan_poll_ask(v, now) || progress;
   if (v->state != NCFSM__VS_RUNNING) return progress;
   if (c->opts.verify == NCFSM_VERIFY_ASYNC) progress |= ncfsm__vasync_poll(v, now);
   else progress |= ncfsm__vstrict_poll(v, now);
@@ -164,6 +190,7 @@ static bool on_poll(ncfsm_comm *c, uint64_t now) {
 static void on_failed(ncfsm_comm *c, ncfsm_result_t cause, const char *what) {
   struct ncfsm__verifier *v = ver(c);
   if (v->local) ncfsm__vlocal_failed(v, cause, what);
+  else ncfsm__vchan_failed(v, cause, what);
 }
 
 static uint64_t on_verified(const ncfsm_comm *c) {
@@ -181,28 +208,39 @@ static void on_stall_due(ncfsm_comm *c) {
   if (v->local) ncfsm__vlocal_stall_due(v);
 }
 
+static void on_ended(ncfsm_comm *c) {
+  struct ncfsm__verifier *v = ver(c);
+  char what[8];
+  ncfsm__verify_fire(v, NCFSM__VE_COMM_ENDED, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
+  drop(v); /* in any state: no request may be out when the channel closes */
+  ncfsm__vchan_take(v, what, sizeof what); /* this rank's failure, if not posted yet */
+  ncfsm__vchan_retire(v);
+}
+
 static void on_free(ncfsm_comm *c) {
   struct ncfsm__verifier *v = ver(c);
   if (!v) return;
   drop(v);
   ncfsm__vlocal_free(v);
+  ncfsm__vchan_free(v); /* after the exchanges: the channel closes with no request out */
   free(v);
   c->ver = NULL;
   c->vops = NULL;
 }
 
 static const ncfsm__verify_ops verify_ops = {on_queued, on_launched, on_forget, on_busy,     on_poll,
-                                             on_free,   on_failed,   on_verified, on_state_name, on_stall_due};
+                                             on_free,   on_failed,   on_verified, on_state_name, on_stall_due,
+                                             on_ended};
 
 ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
   struct ncfsm__verifier *v = calloc(1, sizeof *v);
   if (!v) return NCFSM_ERR_NO_MEMORY;
   v->state = NCFSM__VS_WAITING; /* fsm/verify.def's initial state */
   v->c = c;
-  v->boot = boot;
+  v->parent = boot; /* the channel opens on it once the comm is in service (its id known) */
   c->ver = v;
   c->vops = &verify_ops;
-  if ((!boot && ncfsm__vlocal_new(v) != NCFSM_OK) ||
+  if ((!boot && ncfsm__vlocal_new(v) != NCFSM_OK) || (boot && ncfsm__vchan_new(v) != NCFSM_OK) ||
       (boot && c->opts.verify == NCFSM_VERIFY_STRICT && c->opts.verify_channel == NCFSM_VERIFY_CHANNEL_NCCL &&
        ncfsm__vcomp_new(v) != NCFSM_OK)) {
     on_free(c);

@@ -17,11 +17,14 @@ struct ncfsm__sreq;
 struct ncfsm__comp;
 struct ncfsm__lv;
 struct ncfsm__vdet;
+struct ncfsm__vchan;
 
 struct ncfsm__verifier {
   unsigned state; /* fsm/verify.def */
   ncfsm_comm *c;
-  struct ncfsm_boot *boot; /* the channel: the comm's bootstrap */
+  struct ncfsm_boot *parent; /* the comm's bootstrap (ncfsm_comm_init_boot); NULL: in-process */
+  struct ncfsm_boot *boot;   /* the exchanges' channel on it, once open (fsm/verify_channel.c) */
+  struct ncfsm__vchan *chan; /* the channel and its notices */
   /* async: exchanges posted, oldest first */
   struct ncfsm__vreq *vq_head, *vq_tail;
   /* strict: exchanges to post (queue order), exchanges posted (oldest first) */
@@ -69,6 +72,20 @@ void ncfsm__vlocal_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const
 /* Fire ev on v (what: the report of DIVERGED, STALLED, CHANNEL_FAILED). */
 void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
                         ncfsm_result_t cause, const char *what);
+
+/* ---- verify_channel.c ---- */
+ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v);
+bool ncfsm__vchan_open(struct ncfsm__verifier *v, char *why, size_t len); /* false: why */
+void ncfsm__vchan_free(struct ncfsm__verifier *v);
+void ncfsm__vchan_retire(struct ncfsm__verifier *v); /* stopped: close the channel once nothing is left to post */
+bool ncfsm__vchan_open_now(const struct ncfsm__verifier *v);
+bool ncfsm__vchan_busy(const struct ncfsm__verifier *v);
+void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const char *what);
+bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len); /* true: a peer failed (what) */
+/* An exchange stalled: ask the other ranks (STALL_SUSPECTED), or STALLED at once without notices. */
+void ncfsm__vchan_stalled(struct ncfsm__verifier *v, struct ncfsm_boot_req *req, uint64_t seq, const char *what);
+void ncfsm__vchan_ask(struct ncfsm__verifier *v); /* action ask */
+bool ncfsm__vchan_poll_ask(struct ncfsm__verifier *v, uint64_t now);
 
 /* ---- verify_async.c ---- */
 void ncfsm__vasync_launched(struct ncfsm__verifier *v);

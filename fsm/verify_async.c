@@ -104,10 +104,9 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
     if (r == NCFSM_ERR_AGAIN) {
       if (c->opts.verify_stall_ms && now > q->t_post && now - q->t_post > c->opts.verify_stall_ms * 1000000ull) {
         snprintf(what, sizeof what,
-                 "verification: not every rank reached collective seq %llu within %llu ms of this rank (a rank "
-                 "stopped, skipped a collective or is far behind; the dumps show which)",
+                 "verification: not every rank reached collective seq %llu within %llu ms of this rank",
                  (unsigned long long)q->mine.seq, (unsigned long long)c->opts.verify_stall_ms);
-        ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+        ncfsm__vchan_stalled(v, q->req, q->mine.seq, what); /* the others are asked how far they are */
         return true;
       }
       return progress;

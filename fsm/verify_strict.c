@@ -251,7 +251,7 @@ bool ncfsm__vstrict_poll(struct ncfsm__verifier *v, uint64_t now) {
     if (r == NCFSM_ERR_AGAIN) {
       if (c->opts.verify_stall_ms && now > q->t_post && now - q->t_post > c->opts.verify_stall_ms * 1000000ull) {
         ncfsm__vstrict_stall_text(v, q, "", what, sizeof what);
-        ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+        ncfsm__vchan_stalled(v, q->req, q->mine.round + 1, what); /* the others are asked how far they are */
         return true;
       }
       return progress;

@@ -46,6 +46,14 @@ static ncfsm_loop *vpair(ncfsm_comm **c, ncfsm_boot **b, const ncfsm_comm_opts *
   return loop;
 }
 
+/* Rank 0 verifies async (stall bound stall_ms), rank 1 does not: rank 0's
+ * exchanges never complete and nobody answers its questions. */
+static ncfsm_loop *half_pair(ncfsm_comm **c, ncfsm_boot **b, uint64_t stall_ms) {
+  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, stall_ms);
+  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  return vpair(c, b, &o0, &o1);
+}
+
 static unsigned vstate(void *arg) {
   ncfsm_comm *c = arg;
   pthread_mutex_lock(&c->loop->mu);
@@ -285,33 +293,136 @@ static void test_local_no_channel(void **state) {
   kit_end();
 }
 
-/* RUNNING -STALLED-> FAILED: rank 1 does not verify, so rank 0's exchange never completes. */
+/* RUNNING -STALL_SUSPECTED-> ASKING, ASKING -STALLED-> FAILED: rank 1 does
+ * not verify, so rank 0's exchange never completes; rank 0 asks the others
+ * how far they are, and rank 1 (no channel) never answers: named. */
 static void test_async_stalled(void **state) {
   (void)state;
-  unsigned s0 = rows_hits(M, "RUNNING", "STALLED", "ANY");
-  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, STALL_MS);
-  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
+  unsigned s0 = rows_hits(M, "RUNNING", "STALL_SUSPECTED", "ANY"), a0 = rows_hits(M, "ASKING", "STALLED", "ANY");
   ncfsm_comm *c[2];
   ncfsm_boot *b[2];
-  ncfsm_loop *loop = vpair(c, b, &o0, &o1);
+  ncfsm_loop *loop = half_pair(c, b, STALL_MS);
   ncfsm_work *w[2];
   for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
   for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK); /* the collective itself is fine */
   failed_with(c[0], "not every rank reached collective seq 1");
+  want_text(c[0], true, "rank 1 did not answer within 10 ms");
   assert_int_equal(ncfsm_comm_state(c[1]), NCFSM_STATE_READY);
-  ROW_FIRED(M, "RUNNING", "STALLED", "ANY", s0);
+  ROW_FIRED(M, "RUNNING", "STALL_SUSPECTED", "ANY", s0);
+  ROW_FIRED(M, "ASKING", "STALLED", "ANY", a0);
   down(loop, c, b, w, 2);
+}
+
+/* ASKING -COMM_ENDED-> STOPPED: rank 0's comm is aborted while it waits for
+ * the answers (rank 1 does not verify; the answer bound is 100 ms). */
+static void test_ask_comm_ended(void **state) {
+  (void)state;
+  unsigned e0 = rows_hits(M, "ASKING", "COMM_ENDED", "ANY");
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = half_pair(c, b, 1000);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  until_vstate(c[0], NCFSM__VS_ASKING);
+  assert_int_equal(ncfsm_comm_abort(c[0]), NCFSM_OK);
+  until_vstate(c[0], NCFSM__VS_STOPPED);
+  ROW_FIRED(M, "ASKING", "COMM_ENDED", "ANY", e0);
+  down(loop, c, b, w, 2);
+}
+
+/* Turns both loops until both comms are in state st. */
+static void both_until(ncfsm_loop **l, ncfsm_comm **c, ncfsm_state_t st) {
+  for (int i = 0; i < 100000 && (ncfsm_comm_state(c[0]) != st || ncfsm_comm_state(c[1]) != st); i++)
+    for (int r = 0; r < 2; r++) ncfsm_loop_run(l[r], NCFSM_RUN_NOWAIT);
+  for (int r = 0; r < 2; r++) want_state(c[r], st);
+}
+
+/* ASKING -CAUGHT_UP-> RUNNING: the ranks on two loops; rank 1's loop does
+ * not turn while rank 0 stalls and asks, then rank 1 launches its
+ * collective: rank 0's exchange completes before any answer, and
+ * verification goes on. */
+static void test_ask_caught_up(void **state) {
+  (void)state;
+  unsigned u0 = rows_hits(M, "ASKING", "CAUGHT_UP", "ANY");
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 200);
+  ncfsm_loop *l[2] = {loop_new(), loop_new()};
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  char group[96];
+  snprintf(group, sizeof group, "%s", boot_group("caught-up"));
+  for (int r = 0; r < 2; r++) {
+    b[r] = boot_open(l[r], group, r, 2, 0);
+    assert_int_equal(ncfsm_comm_new(l[r], &o, &c[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_comm_init_boot(c[r], b[r]), NCFSM_OK);
+  }
+  both_until(l, c, NCFSM_STATE_READY);
+  for (int i = 0; i < 1000; i++) /* both verifiers in service (their channels open) */
+    for (int r = 0; r < 2; r++) ncfsm_loop_run(l[r], NCFSM_RUN_NOWAIT);
+  ncfsm_work *w[2];
+  w[0] = op(c[0], 0, NCFSM_OP_SUM);
+  until_vstate(c[0], NCFSM__VS_ASKING); /* turns rank 0's loop only */
+  w[1] = op(c[1], 1, NCFSM_OP_SUM);
+  for (int i = 0; i < 100000 && vstate(c[0]) == NCFSM__VS_ASKING; i++)
+    for (int r = 1; r >= 0; r--) ncfsm_loop_run(l[r], NCFSM_RUN_NOWAIT);
+  assert_int_equal(vstate(c[0]), NCFSM__VS_RUNNING);
+  for (int i = 0; i < 100000 && !(ncfsm_work_evidence(w[0]) & ncfsm_work_evidence(w[1]) & NCFSM_EVIDENCE_FINAL); i++)
+    for (int r = 0; r < 2; r++) ncfsm_loop_run(l[r], NCFSM_RUN_NOWAIT);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_work_status(w[r]), NCFSM_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(ncfsm_comm_state(c[r]), NCFSM_STATE_READY);
+  ROW_FIRED(M, "ASKING", "CAUGHT_UP", "ANY", u0);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(ncfsm_work_release(w[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_comm_abort(c[r]), NCFSM_OK);
+  }
+  both_until(l, c, NCFSM_STATE_CLOSED);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(ncfsm_comm_release(c[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_boot_close(b[r]), NCFSM_OK);
+    assert_int_equal(ncfsm_loop_close(l[r]), NCFSM_OK);
+  }
+}
+
+/* WAITING -NO_CHANNEL-> UNVERIFIED: the verification's channel cannot be
+ * set up on rank 0 (its answers' table cannot be allocated): that comm runs
+ * unverified, with a warning; the collectives still run. */
+static void test_waiting_no_channel(void **state) {
+  (void)state;
+  unsigned n0 = rows_hits(M, "WAITING", "NO_CHANNEL", "ANY");
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  rows_fail_calloc(2, sizeof(int32_t), 1); /* fsm/verify_channel.c: one state per rank */
+  ncfsm_loop *loop = half_pair(c, b, 0);
+  ncfsm_work *w[2];
+  for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+  for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK);
+  assert_int_equal(rows_calloc_failed(), 1);
+  assert_int_equal(vstate(c[0]), NCFSM__VS_UNVERIFIED);
+  ROW_FIRED(M, "WAITING", "NO_CHANNEL", "ANY", n0);
+  down(loop, c, b, w, 2);
+}
+
+/* RUNNING -STALLED-> FAILED (in process): rank 1 never launches seq 0;
+ * rank 0 names it and where it is. */
+static void test_local_stalled(void **state) {
+  (void)state;
+  unsigned s0 = rows_hits(M, "RUNNING", "STALLED", "ANY");
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, STALL_MS);
+  ncfsm_comm *c[2];
+  ncfsm_loop *loop = lpair(c, &o, &o);
+  for (int r = 0; r < 2; r++) want_state(c[r], NCFSM_STATE_READY);
+  ncfsm_work *w[2] = {op(c[0], 0, NCFSM_OP_SUM), NULL};
+  failed_with(c[0], "rank 1 never launched it (it launched no collective)");
+  ROW_FIRED(M, "RUNNING", "STALLED", "ANY", s0);
+  down(loop, c, NULL, w, 2);
 }
 
 /* RUNNING -CHANNEL_FAILED-> FAILED: the peer's bootstrap closed under the exchange. */
 static void test_async_channel_failed(void **state) {
   (void)state;
   unsigned f0 = rows_hits(M, "RUNNING", "CHANNEL_FAILED", "ANY");
-  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
-  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
   ncfsm_comm *c[2];
   ncfsm_boot *b[2];
-  ncfsm_loop *loop = vpair(c, b, &o0, &o1);
+  ncfsm_loop *loop = half_pair(c, b, 0);
   assert_int_equal(ncfsm_boot_close(b[1]), NCFSM_OK); /* rank 1 needs it no more: it does not verify */
   b[1] = NULL;
   ncfsm_work *w[2];
@@ -326,11 +437,9 @@ static void test_async_channel_failed(void **state) {
 static void test_async_comm_ended(void **state) {
   (void)state;
   unsigned e0 = rows_hits(M, "RUNNING", "COMM_ENDED", "ANY");
-  ncfsm_comm_opts o0 = vopts(NCFSM_VERIFY_ASYNC, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
-  ncfsm_comm_opts o1 = vopts(NCFSM_VERIFY_OFF, NCFSM_VERIFY_CHANNEL_BOOTSTRAP, 0);
   ncfsm_comm *c[2];
   ncfsm_boot *b[2];
-  ncfsm_loop *loop = vpair(c, b, &o0, &o1);
+  ncfsm_loop *loop = half_pair(c, b, 0);
   ncfsm_work *w[2];
   for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
   for (int r = 0; r < 2; r++) assert_int_equal(work_final(w[r]), NCFSM_OK);
@@ -587,6 +696,12 @@ static void test_every_row_walked(void **state) {
        * only for handles that are not its own */
       {"COLLECTING", "CHANNEL_FAILED", "ANY",
        "needs a CUDA error of the companion's event (record or query); the sim returns none for a valid event", false},
+      /* a failure notice that arrives in the answer window, or while a
+       * window's fingerprints are exchanged: on one loop the peer's answer
+       * (or its detail) always comes first; test_verify's peer_failed walks
+       * the notice itself from RUNNING */
+      {"ASKING", "PEER_FAILED", "ANY", "needs a peer's failure notice to arrive between its answer and the asker's next poll", false},
+      {"DETAILING", "PEER_FAILED", "ANY", "needs a peer's failure notice to arrive while the window's fingerprints are exchanged", false},
   };
   rows_check_all(M, dead, sizeof dead / sizeof dead[0]);
 }
@@ -601,6 +716,10 @@ int main(void) {
       cmocka_unit_test_teardown(test_local_peer_failed_at_init, kit_teardown),
       cmocka_unit_test_teardown(test_local_no_channel, kit_teardown),
       cmocka_unit_test_teardown(test_async_stalled, kit_teardown),
+      cmocka_unit_test_teardown(test_ask_comm_ended, kit_teardown),
+      cmocka_unit_test_teardown(test_ask_caught_up, kit_teardown),
+      cmocka_unit_test_teardown(test_waiting_no_channel, kit_teardown),
+      cmocka_unit_test_teardown(test_local_stalled, kit_teardown),
       cmocka_unit_test_teardown(test_async_channel_failed, kit_teardown),
       cmocka_unit_test_teardown(test_async_comm_ended, kit_teardown),
       cmocka_unit_test_teardown(test_async_no_memory, kit_teardown),

@@ -19,7 +19,7 @@
 #define N 2
 #define OPS 12
 
-enum scenario { CONSISTENT, SILENT_MISMATCH, STALL };
+enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL };
 
 struct rank_result {
   const char *fail_at;
@@ -76,6 +76,7 @@ static void *rank_main(void *arg) {
   CHECK(ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &boot) == NCFSM_OK);
   ncfsm_sim_opts so;
   CHECK(ncfsm_sim_opts_init(&so) == NCFSM_OK);
+  if (sc == FAIL && rank == 1) so.async_error_at_op = 5; /* rank 1's comm fails at its op 5 */
   ncfsm_comm_opts o;
   ncfsm_comm_opts_init(&o);
   o.backend = NCFSM_BACKEND_SIM;
@@ -84,12 +85,12 @@ static void *rank_main(void *arg) {
   o.timeout_ms = 20000; /* the watchdog: far later than verification must act */
   o.verify = NCFSM_VERIFY_ASYNC;
   o.verify_window = 4;
-  o.verify_stall_ms = sc == STALL ? 300 : 5000; /* a loaded machine must not make a stall of the others */
+  o.verify_stall_ms = sc == STALL || sc == LEAVE ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
   o.name = "verify";
   CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
   CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
   CHECK(ncfsm_comm_wait_state(c, NCFSM_STATE_READY, 10000) == NCFSM_OK);
-  int nops = sc == STALL && rank == 1 ? 2 : OPS;
+  int nops = (sc == STALL || sc == LEAVE) && rank == 1 ? 2 : OPS;
   double t0 = now_ms();
   for (int k = 0; k < nops; k++) {
     ncfsm_redop_t op = sc == SILENT_MISMATCH && rank == 1 && k == 5 ? NCFSM_OP_MAX : NCFSM_OP_SUM;
@@ -103,13 +104,21 @@ static void *rank_main(void *arg) {
     CHECK(ncfsm_loop_run(loop, NCFSM_RUN_ONCE) == NCFSM_OK);
     ncfsm_state_t s = ncfsm_comm_state(c);
     if (s == NCFSM_STATE_ERROR && r->detect_ms == 0) r->detect_ms = now_ms() - t0;
-    if (r->ok + r->failed == nops && (s == NCFSM_STATE_ERROR || sc == CONSISTENT || (sc == STALL && rank == 1)))
+    if (r->ok + r->failed == nops && (s == NCFSM_STATE_ERROR || sc == CONSISTENT || ((sc == STALL || sc == LEAVE) && rank == 1)))
       break;
   }
   /* a consistent run: let the last windows' exchanges finish on both ranks */
   if (sc == CONSISTENT) CHECK(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT) == NCFSM_OK);
   r->state = ncfsm_comm_state(c);
   snprintf(r->failure, sizeof r->failure, "%s", ncfsm_comm_failure(c));
+  /* STALL: rank 1 stops after 2 ops but its comm stays (and answers rank
+   * 0's question: where are you?) until rank 0 is done; LEAVE: its comm goes */
+  if (sc == STALL && rank == 1)
+    for (double until = now_ms() + 15000; !atomic_load(&rank0_done) && now_ms() < until;) {
+      ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
 out:
   if (c) {
     if (ncfsm_comm_state(c) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(c);
@@ -117,7 +126,7 @@ out:
   }
   if (loop) ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
   if (rank == 0) atomic_store(&rank0_done, 1);
-  if (sc == STALL && rank == 1)
+  if (sc == LEAVE && rank == 1)
     for (double until = now_ms() + 15000; !atomic_load(&rank0_done) && now_ms() < until;) {
       if (loop) ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
       struct timespec ts = {0, 1000000};
@@ -170,8 +179,36 @@ static void test_stall(void **state) {
   (void)state;
   run(STALL, "verify-stall");
   assert_int_equal(res[0].state, NCFSM_STATE_ERROR);
-  assert_non_null(strstr(res[0].failure, "not every rank reached collective seq 4"));
+  /* the stall names the rank behind and where it is (it answered the question) */
+  assert_non_null(strstr(res[0].failure, "not every rank reached collective seq 4 within 300 ms of this rank; behind: "
+                                         "rank 1 at seq 2 (READY)"));
   assert_true(res[0].detect_ms >= 300 && res[0].detect_ms < 5000);
+}
+
+/* Rank 1's comm fails (an async error at its op 5; no stall bound, the
+ * watchdog at 20 s): rank 0's fails at once with NCFSM_ERR_PEER, naming
+ * rank 1, its seq and its cause (the notice on the verification channel). */
+static void test_peer_failed(void **state) {
+  (void)state;
+  run(FAIL, "verify-fail");
+  for (int r = 0; r < N; r++) assert_int_equal(res[r].state, NCFSM_STATE_ERROR);
+  assert_non_null(strstr(res[1].failure, "injected async error"));
+  assert_non_null(strstr(res[0].failure, "rank 1's comm failed first, at its seq"));
+  assert_non_null(strstr(res[0].failure, "NCFSM_ERR_PEER"));
+  assert_true(res[0].detect_ms < 5000);
+  printf("rank 0 failed %.1f ms after its first op (rank 1 %.1f ms)\n", res[0].detect_ms, res[1].detect_ms);
+}
+
+/* Rank 1 stops after 2 ops and aborts its comm: its verification channel
+ * closes, and rank 0's exchange at seq 4 fails at once naming rank 1 (no
+ * stall bound to wait for). */
+static void test_peer_left(void **state) {
+  (void)state;
+  run(LEAVE, "verify-leave");
+  assert_int_equal(res[0].state, NCFSM_STATE_ERROR);
+  assert_non_null(strstr(res[0].failure, "verification: the exchange at seq 4 failed"));
+  assert_non_null(strstr(res[0].failure, "rank 1 closed"));
+  assert_true(res[0].detect_ms < 300);
 }
 
 /* Without a bootstrap there is no channel: refused at init, with a hint. */
@@ -200,6 +237,8 @@ int main(void) {
       cmocka_unit_test(test_consistent),
       cmocka_unit_test(test_silent_mismatch),
       cmocka_unit_test(test_stall),
+      cmocka_unit_test(test_peer_left),
+      cmocka_unit_test(test_peer_failed),
       cmocka_unit_test(test_needs_bootstrap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

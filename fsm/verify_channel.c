@@ -1,0 +1,310 @@
+/*
+ * The verifier's channel for ranks in other processes (docs/ordering.md,
+ * "Verification"): once the comm is in service, a bootstrap channel
+ * "ncfsm.verify.<comm id>" among every rank of the comm's bootstrap
+ * (ncfsm_boot_channel_open), so that the verification's exchanges never
+ * interleave with the program's own collectives on that bootstrap; and its
+ * notices (ncfsm_boot_notice_post), which carry three kinds of message
+ * between the ranks' verifiers:
+ *   FAILED  this rank's comm failed (its seq, cause and text): the other
+ *           ranks fail theirs with NCFSM_ERR_PEER naming it (PEER_FAILED);
+ *   ASK     an exchange of this rank stalled at seq S: how far is yours?
+ *   ANSWER  the rank's next collective seq and its comm's state.
+ * A stalled exchange asks (ASKING) and names, once every rank answered or
+ * the answer bound passed, the ranks that did not reach the seq (with the
+ * seq each is at) and the ranks that did not answer.
+ *
+ * The notice callback runs on the bootstrap's thread outside the loop's
+ * turns: it only files the notice in the inbox (its own lock) and kicks the
+ * loop; the verifier's poll applies it under the loop's lock. Notices are
+ * best effort (a dead rank gets none, a full transport drops them): a
+ * failure that does not arrive is still found by the stall bound.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsm/verify.h"
+#include "ncfsm/bootstrap.h"
+
+/* The kind of a notice: the low two bits of its key (the rest: the comm id). */
+enum { K_FAILED = 1, K_ASK = 2, K_ANSWER = 3 };
+#define KEY(c, k) (((c)->comm_id & ~(uint64_t)3) | (k))
+
+/* Bits of the inbox's attention word. */
+enum { IN_FAILED = 1u, IN_ASK = 2u, IN_ANSWER = 4u };
+
+struct ncfsm__vchan {
+  ncfsm_boot *ch;    /* the channel; NULL until opened */
+  ncfsm_loop *loop;  /* kicked by the callback */
+  int nranks;
+  pthread_mutex_t mu; /* the inbox, filed by the callback */
+  _Atomic unsigned att;
+  ncfsm_boot_notice failed; /* the first failure of another rank */
+  uint64_t ask_seq;         /* an ASK to answer (the highest asked) */
+  uint64_t *ans_seq;        /* per rank: the answer to this rank's ASK */
+  int32_t *ans_state;
+  unsigned char *answered;
+  /* outgoing */
+  bool fail_due;
+  ncfsm_boot_notice fail_out;
+  /* this rank's ASK */
+  uint64_t ask_mine, ask_t0, ask_bound_ns;
+  ncfsm_boot_req *ask_req; /* the stalled exchange (owned by its queue) */
+  char ask_text[400];
+};
+
+static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
+  (void)b;
+  struct ncfsm__vchan *vc = arg;
+  pthread_mutex_lock(&vc->mu);
+  unsigned k = (unsigned)(n->key & 3);
+  if (k == K_FAILED && !(atomic_load(&vc->att) & IN_FAILED) && !vc->failed.key) {
+    vc->failed = *n;
+    atomic_fetch_or(&vc->att, IN_FAILED);
+  } else if (k == K_ASK) {
+    if (n->seq > vc->ask_seq || !(atomic_load(&vc->att) & IN_ASK)) vc->ask_seq = n->seq;
+    atomic_fetch_or(&vc->att, IN_ASK);
+  } else if (k == K_ANSWER && n->origin >= 0 && n->origin < vc->nranks && n->seq != UINT64_MAX) {
+    /* an answer to an earlier ASK says the rank is at least as far: keep the highest */
+    if (!vc->answered[n->origin] || n->seq > vc->ans_seq[n->origin]) vc->ans_seq[n->origin] = n->seq;
+    vc->ans_state[n->origin] = n->cause;
+    vc->answered[n->origin] = 1;
+    atomic_fetch_or(&vc->att, IN_ANSWER);
+  }
+  pthread_mutex_unlock(&vc->mu);
+  ncfsm__loop_kick_async(vc->loop);
+}
+
+ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v) {
+  struct ncfsm__vchan *vc = calloc(1, sizeof *vc);
+  if (!vc) return NCFSM_ERR_NO_MEMORY;
+  vc->loop = v->c->loop;
+  pthread_mutex_init(&vc->mu, NULL);
+  v->chan = vc;
+  return NCFSM_OK;
+}
+
+/* The comm is in service (its id is the same on every rank now): open the
+ * channel on the comm's bootstrap. false: it could not be (the text in
+ * why): the comm runs unverified. */
+bool ncfsm__vchan_open(struct ncfsm__verifier *v, char *why, size_t len) {
+  struct ncfsm__vchan *vc = v->chan;
+  ncfsm_comm *c = v->c;
+  char tag[48];
+  snprintf(tag, sizeof tag, "ncfsm.verify.%016" PRIx64, c->comm_id);
+  int n = c->nranks; /* known now */
+  if (!(vc->ans_seq = calloc((size_t)n, sizeof *vc->ans_seq)) ||
+      !(vc->ans_state = calloc((size_t)n, sizeof *vc->ans_state)) || !(vc->answered = calloc((size_t)n, 1))) {
+    snprintf(why, len, "verification: out of memory for its channel's answers (%d ranks)", n);
+    return false;
+  }
+  vc->nranks = n;
+  ncfsm_result_t r = ncfsm_boot_channel_open(v->parent, tag, NULL, 0, &vc->ch);
+  if (r == NCFSM_OK) r = ncfsm_boot_on_notice(vc->ch, on_notice, vc);
+  if (r != NCFSM_OK) {
+    snprintf(why, len, "verification: its channel '%s' could not be opened on the comm's bootstrap (%s: %s)", tag,
+             ncfsm_err_name(r), ncfsm_boot_last_error(vc->ch ? vc->ch : v->parent));
+    if (vc->ch) ncfsm_boot_close(vc->ch);
+    vc->ch = NULL;
+    return false;
+  }
+  v->boot = vc->ch;
+  return true;
+}
+
+static void close_channel(struct ncfsm__verifier *v) {
+  struct ncfsm__vchan *vc = v->chan;
+  ncfsm_boot_on_notice(vc->ch, NULL, NULL);
+  if (ncfsm_boot_close(vc->ch) != NCFSM_OK)
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] verification: its channel did not close: %s", v->c->name, v->c->rank,
+               ncfsm_boot_last_error(vc->ch));
+  vc->ch = NULL;
+  v->boot = NULL;
+}
+
+/* The comm is closing or closed: the channel closes once this rank's
+ * failure, if any, was posted, so that the program may close the comm's
+ * bootstrap as soon as the comm is closed. */
+void ncfsm__vchan_retire(struct ncfsm__verifier *v) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (vc && vc->ch && !vc->fail_due) close_channel(v);
+}
+
+bool ncfsm__vchan_open_now(const struct ncfsm__verifier *v) { return v->chan && v->chan->ch; }
+
+void ncfsm__vchan_free(struct ncfsm__verifier *v) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc) return;
+  if (vc->ch) close_channel(v);
+  pthread_mutex_destroy(&vc->mu);
+  free(vc->ans_seq);
+  free(vc->ans_state);
+  free(vc->answered);
+  free(vc);
+  v->chan = NULL;
+}
+
+bool ncfsm__vchan_busy(const struct ncfsm__verifier *v) {
+  const struct ncfsm__vchan *vc = v->chan;
+  return vc && (vc->fail_due || atomic_load_explicit(&vc->att, memory_order_acquire));
+}
+
+/* This rank's comm failed: the other ranks are told at the next poll (on
+ * the loop's thread). A peer's failure is not passed on; a divergence
+ * every rank finds itself. */
+void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const char *what) {
+  struct ncfsm__vchan *vc = v->chan;
+  ncfsm_comm *c = v->c;
+  if (!vc || cause == NCFSM_ERR_PEER || cause == NCFSM_ERR_MISMATCH || vc->fail_out.key) return;
+  vc->fail_out.key = KEY(c, K_FAILED);
+  vc->fail_out.seq = c->coll_seq;
+  vc->fail_out.cause = cause;
+  snprintf(vc->fail_out.what, sizeof vc->fail_out.what, "%s", what ? what : "");
+  vc->fail_due = true;
+  ncfsm__loop_kick_async(c->loop);
+}
+
+static void post(struct ncfsm__verifier *v, const ncfsm_boot_notice *n) {
+  ncfsm_result_t r = ncfsm_boot_notice_post(v->chan->ch, n);
+  if (r != NCFSM_OK)
+    NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: a notice was not sent (%s: %s)", v->c->name, v->c->rank,
+               ncfsm_err_name(r), ncfsm_boot_last_error(v->chan->ch));
+}
+
+/* How far this rank is, in the unit its mode exchanges: async, its next
+ * collective seq (the collectives it launched); strict, the exchanges it
+ * posted (one per collective submitted). */
+static uint64_t progress_of(const struct ncfsm__verifier *v) {
+  return v->c->opts.verify == NCFSM_VERIFY_STRICT ? v->sround : v->c->coll_seq;
+}
+
+/* What the inbox holds, applied on the loop's thread: a failure to pass on,
+ * answers to give. true with what: another rank's comm failed. */
+bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
+  struct ncfsm__vchan *vc = v->chan;
+  ncfsm_comm *c = v->c;
+  if (!vc) return false;
+  /* failed in service before its first poll: the comm id is the same on every rank once it launched */
+  if (vc->fail_due && !vc->ch && v->parent && c->coll_seq > 0) {
+    char why[300];
+    if (!ncfsm__vchan_open(v, why, sizeof why)) NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] %s", c->name, c->rank, why);
+  }
+  if (!vc->ch) return false;
+  if (vc->fail_due) {
+    vc->fail_due = false;
+    post(v, &vc->fail_out);
+  }
+  unsigned att = atomic_load_explicit(&vc->att, memory_order_acquire);
+  if (!(att & (IN_FAILED | IN_ASK))) return false;
+  pthread_mutex_lock(&vc->mu);
+  bool failed = att & IN_FAILED;
+  ncfsm_boot_notice f = vc->failed;
+  atomic_fetch_and(&vc->att, ~(IN_FAILED | IN_ASK));
+  pthread_mutex_unlock(&vc->mu);
+  if (att & IN_ASK) {
+    ncfsm_boot_notice a = {.key = KEY(c, K_ANSWER), .seq = progress_of(v), .cause = (int32_t)c->state};
+    post(v, &a);
+  }
+  if (!failed) return false;
+  snprintf(what, len, "rank %d's comm failed first, at its seq %" PRIu64 " (%s): %.380s", f.origin, f.seq,
+           ncfsm_err_name((ncfsm_result_t)f.cause), f.what);
+  return true;
+}
+
+/* An exchange (req; seq: what progress_of says a rank that posted it
+ * reached) stalled past the bound: ask the
+ * others how far they are (action ask), or, without a channel's notices,
+ * name the stall at once. */
+void ncfsm__vchan_stalled(struct ncfsm__verifier *v, ncfsm_boot_req *req, uint64_t seq, const char *what) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || !vc->ch) {
+    ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+    return;
+  }
+  vc->ask_req = req;
+  vc->ask_mine = seq;
+  snprintf(vc->ask_text, sizeof vc->ask_text, "%s", what);
+  ncfsm__verify_fire(v, NCFSM__VE_STALL_SUSPECTED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, NULL);
+}
+
+/* Action ask: the others' answers are collected for at most a tenth of the
+ * stall bound (10 to 200 ms). */
+void ncfsm__vchan_ask(struct ncfsm__verifier *v) {
+  struct ncfsm__vchan *vc = v->chan;
+  ncfsm_comm *c = v->c;
+  pthread_mutex_lock(&vc->mu);
+  memset(vc->answered, 0, (size_t)vc->nranks);
+  atomic_fetch_and(&vc->att, ~IN_ANSWER);
+  pthread_mutex_unlock(&vc->mu);
+  uint64_t b = c->opts.verify_stall_ms / 10;
+  vc->ask_bound_ns = (b < 10 ? 10 : b > 200 ? 200 : b) * 1000000ull;
+  vc->ask_t0 = ncfsm__now_ns();
+  ncfsm_boot_notice a = {.key = KEY(c, K_ASK), .seq = vc->ask_mine};
+  post(v, &a);
+}
+
+/* The stall's report: who is behind (and where), who did not answer. */
+static void culprits(struct ncfsm__verifier *v, char *out, size_t len) {
+  struct ncfsm__vchan *vc = v->chan;
+  ncfsm_comm *c = v->c;
+  char behind[300] = "", silent[200] = "";
+  bool strict = c->opts.verify == NCFSM_VERIFY_STRICT;
+  size_t kb = 0, ks = 0;
+  int nb = 0, ns = 0;
+  pthread_mutex_lock(&vc->mu);
+  for (int r = 0; r < vc->nranks; r++) {
+    if (r == c->rank) continue;
+    if (!vc->answered[r]) {
+      if (ks + 12 < sizeof silent) ks += (size_t)snprintf(silent + ks, sizeof silent - ks, "%s%d", ns ? "," : "", r);
+      ns++;
+    } else if (vc->ans_seq[r] < vc->ask_mine) {
+      if (kb + 60 < sizeof behind)
+        kb += (size_t)snprintf(behind + kb, sizeof behind - kb, "%srank %d %s %" PRIu64 " (%s)", nb ? ", " : "", r,
+                               strict ? "submitted only" : "at seq", vc->ans_seq[r],
+                               ncfsm_state_name((ncfsm_state_t)vc->ans_state[r]));
+      nb++;
+    }
+  }
+  pthread_mutex_unlock(&vc->mu);
+  unsigned ms = (unsigned)(vc->ask_bound_ns / 1000000ull);
+  if (!nb && !ns) {
+    snprintf(out, len, "%s; every rank answered that it got there (%s %" PRIu64 "): the channel stalled", vc->ask_text,
+             strict ? "submitted" : "seq", vc->ask_mine);
+    return;
+  }
+  char tail[300] = "";
+  if (ns)
+    snprintf(tail, sizeof tail, "%s%s %s did not answer within %u ms (dead, hung, not running its loop, or verifying "
+             "off)", nb ? "; " : "", ns > 1 ? "ranks" : "rank", silent, ms);
+  snprintf(out, len, "%s; %s%s%s", vc->ask_text, nb ? "behind: " : "", behind, tail);
+}
+
+/* ASKING: the stalled exchange completed after all (CAUGHT_UP), or every
+ * rank answered with one behind, or the answer bound passed (STALLED). */
+bool ncfsm__vchan_poll_ask(struct ncfsm__verifier *v, uint64_t now) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (vc->ask_req && ncfsm_boot_test(vc->ask_req) != NCFSM_ERR_AGAIN) {
+    vc->ask_req = NULL;
+    ncfsm__verify_fire(v, NCFSM__VE_CAUGHT_UP, NCFSM_EV_TIMEOUT, NCFSM_OK, NULL);
+    return true;
+  }
+  bool all = true, behind = false;
+  pthread_mutex_lock(&vc->mu);
+  atomic_fetch_and(&vc->att, ~IN_ANSWER); /* read here, as they come */
+  for (int r = 0; r < vc->nranks; r++) {
+    if (r == v->c->rank) continue;
+    all &= vc->answered[r] != 0;
+    behind |= vc->answered[r] && vc->ans_seq[r] < vc->ask_mine;
+  }
+  pthread_mutex_unlock(&vc->mu);
+  if (!(all && behind) && now - vc->ask_t0 < vc->ask_bound_ns) return false;
+  char what[900];
+  culprits(v, what, sizeof what);
+  vc->ask_req = NULL;
+  ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+  return true;
+}
