@@ -7,6 +7,7 @@
 #ifndef NCFSM_BOOTSTRAP_BOOT_INTERNAL_H
 #define NCFSM_BOOTSTRAP_BOOT_INTERNAL_H
 
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -201,6 +202,10 @@ int ncfsm__notice_decode(const uint8_t *buf, size_t len, ncfsm_boot_notice *n);
 int ncfsm__boot_chan_index(const ncfsm_boot *b, int r);
 /* boot_channel.c: take the channel b out of its parent's list (at its close). */
 void ncfsm__boot_chan_unlink(ncfsm_boot *b);
+/* b or a channel of it has a request out (its parent cannot close it). */
+bool ncfsm__boot_chan_busy(const ncfsm_boot *b);
+/* The parent of c closes: so does c (and its channels); its handle fails every call until closed. */
+void ncfsm__boot_chan_orphan(ncfsm_boot *c);
 /* Mark the channel failed (sticky: the first status stays) and tell ncfsm_boot_on_failed's
  * callback from the dispatch. */
 void ncfsm__boot_set_failed(ncfsm_boot *b, ncfsm_result_t st);

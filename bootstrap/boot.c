@@ -208,16 +208,20 @@ ncfsm_result_t ncfsm_boot_close(ncfsm_boot *b) {
                           "from a zero timer)");
     return NCFSM_ERR_BUSY;
   }
-  if (b->nchans > 0) {
+  bool busy = false;
+  for (ncfsm_boot *c = b->chans; c && !busy; c = c->chan_next) busy = ncfsm__boot_chan_busy(c);
+  if (busy) {
     char names[300] = "";
     size_t k = 0;
     for (ncfsm_boot *c = b->chans; c && k + 80 < sizeof names; c = c->chan_next)
-      k += (size_t)snprintf(names + k, sizeof names - k, "%s'%s'", k ? ", " : "", c->chan_tag);
-    ncfsm__boot_seterr(b, "ncfsm_boot_close: %d channel(s) of this bootstrap still open (%s); close "
-                          "them first (ncfsm_boot_close on each)",
-                       b->nchans, names);
+      if (ncfsm__boot_chan_busy(c)) k += (size_t)snprintf(names + k, sizeof names - k, "%s'%s'", k ? ", " : "", c->chan_tag);
+    ncfsm__boot_seterr(b, "ncfsm_boot_close: channel(s) of this bootstrap have requests out (%s); free them "
+                          "first (a channel 'ncfsm.verify.*' is a communicator's verification: destroy or abort "
+                          "that communicator first)",
+                       names);
     return NCFSM_ERR_BUSY;
   }
+  while (b->chans) ncfsm__boot_chan_orphan(b->chans); /* idle channels close with it */
   b->ops->close(b);
   if (b->chan_tag) ncfsm__boot_chan_unlink(b);
   else if (b->parent) b->parent->children--;

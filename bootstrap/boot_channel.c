@@ -1,8 +1,9 @@
 /*
  * Channels (docs/bootstrap.md, "Channels"): ncfsm_boot_channel_open checks the tag and the
  * members, makes the channel's handle (a bootstrap of its own whose rank i is members[i]) and
- * lets the implementation join it; the parent keeps a list of its open channels, refuses to
- * close while one is open, and passes its peer-loss reports on to them (boot_notify.c).
+ * lets the implementation join it; the parent keeps a list of its open channels, closes them
+ * with itself (ncfsm__boot_chan_orphan: refused while one has a request out), and passes its
+ * peer-loss reports on to them (boot_notify.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +21,37 @@ int ncfsm__boot_chan_index(const ncfsm_boot *b, int r) {
   return -1;
 }
 
+/* What is left of a channel whose parent was closed: a handle that fails every call until
+ * its owner closes it. */
+static void orphan_close(ncfsm_boot *b) { (void)b; }
+static ncfsm_result_t orphan_post(ncfsm_boot *b, ncfsm_boot_req *req) {
+  (void)req;
+  return b->failed;
+}
+static const ncfsm__boot_ops orphan_ops = {.name = "closed", .close = orphan_close, .post = orphan_post};
+
+bool ncfsm__boot_chan_busy(const ncfsm_boot *b) {
+  if (b->live_reqs > 0) return true;
+  for (const ncfsm_boot *c = b->chans; c; c = c->chan_next)
+    if (ncfsm__boot_chan_busy(c)) return true;
+  return false;
+}
+
+void ncfsm__boot_chan_orphan(ncfsm_boot *c) {
+  while (c->chans) ncfsm__boot_chan_orphan(c->chans); /* its own channels first */
+  c->ops->close(c); /* its members see it leave, while the parent's transport is still there */
+  ncfsm__boot_chan_unlink(c);
+  c->parent = NULL;
+  c->impl = NULL;
+  c->ops = &orphan_ops;
+  ncfsm__boot_fail(c, NCFSM_ERR_BOOTSTRAP,
+                   "channel '%s': its parent bootstrap was closed (ncfsm_boot_close); close this handle too",
+                   c->chan_tag);
+}
+
 void ncfsm__boot_chan_unlink(ncfsm_boot *b) {
   ncfsm_boot *p = b->parent;
+  if (!p) return; /* orphaned: its parent was closed */
   for (ncfsm_boot **q = &p->chans; *q; q = &(*q)->chan_next)
     if (*q == b) {
       *q = b->chan_next;

@@ -240,8 +240,20 @@ static void sent_cb(pmix_status_t st, void *cbdata) {
   free(ps);
 }
 
+/* Slurm's PMIx server (its namespaces are "slurm.pmix.<job>.<step>") takes any event a client
+ * notifies for an error of the job step and cancels the step (measured: Slurm 22.05,
+ * mpi/pmix_v4, "_errhandler: ... Error handler invoked: status = -4021", then "STEP ...
+ * CANCELLED"): notices are not sent there. */
+static bool slurm_server(const pmix_proc_t *me) { return !strncmp(me->nspace, "slurm.pmix.", 11); }
+
 ncfsm_result_t ncfsm__pmix_notice_send(ncfsm_boot *b, const pmix_proc_t *me, unsigned inst,
                                        uint64_t id, const ncfsm_boot_notice *n) {
+  if (slurm_server(me)) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_notice_post: not under Slurm's PMIx server (namespace %s), which cancels "
+                          "the job step on any notified event; use the TCP store for notices under srun",
+                       me->nspace);
+    return NCFSM_ERR_UNSUPPORTED;
+  }
   uint8_t w[12 + NCFSM__NOTICE_WIRE_MAX];
   ncfsm__wr32(w, inst);
   ncfsm__wr64(w + 4, id);

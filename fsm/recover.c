@@ -241,8 +241,7 @@ static ncfsm_comm *new_fresh(struct ncfsm__recovery *r) {
   ncfsm_comm *c = NULL;
   ncfsm_comm_opts o = r->fresh_opts;
   o.sim = &r->fresh_sim;
-  o.name = r->fresh_name;
-  o.verify = NCFSM_VERIFY_OFF;
+  o.name = r->fresh_name; /* it verifies as the old one did, from its seq 0, on the survivors' bootstrap */
   ncfsm_result_t rc = ncfsm__comm_new_locked(r->loop, &o, &c);
   if (rc != NCFSM_OK) {
     snprintf(r->fresh_err, sizeof r->fresh_err, "%s",

@@ -49,6 +49,7 @@ struct ncfsm__vchan {
   int32_t *ans_state;
   unsigned char *answered;
   /* outgoing */
+  bool no_notices; /* the bootstrap refused one as unsupported (pmix under Slurm): none is posted */
   bool fail_due;
   ncfsm_boot_notice fail_out;
   /* this rank's ASK */
@@ -169,8 +170,14 @@ void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const 
 }
 
 static void post(struct ncfsm__verifier *v, const ncfsm_boot_notice *n) {
+  if (v->chan->no_notices) return;
   ncfsm_result_t r = ncfsm_boot_notice_post(v->chan->ch, n);
-  if (r != NCFSM_OK)
+  if (r == NCFSM_ERR_UNSUPPORTED) {
+    v->chan->no_notices = true; /* stalls are named without the others' answers; failures are not passed on */
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] verification: this bootstrap sends no notices (%s): failures are not "
+               "passed to the other ranks and a stall does not name them", v->c->name, v->c->rank,
+               ncfsm_boot_last_error(v->chan->ch));
+  } else if (r != NCFSM_OK)
     NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: a notice was not sent (%s: %s)", v->c->name, v->c->rank,
                ncfsm_err_name(r), ncfsm_boot_last_error(v->chan->ch));
 }
@@ -221,7 +228,7 @@ bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
  * name the stall at once. */
 void ncfsm__vchan_stalled(struct ncfsm__verifier *v, ncfsm_boot_req *req, uint64_t seq, const char *what) {
   struct ncfsm__vchan *vc = v->chan;
-  if (!vc || !vc->ch) {
+  if (!vc || !vc->ch || vc->no_notices) {
     ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
     return;
   }

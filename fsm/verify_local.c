@@ -441,7 +441,7 @@ static bool stalled(struct ncfsm__verifier *v, uint64_t now, char *what, size_t 
 
 bool ncfsm__vlocal_busy(const struct ncfsm__verifier *v) {
   const struct ncfsm__lv *lv = v->local;
-  if (!lv->q) return ncfsm__has(v->c, NCFSM_SF_WORKS);
+  if (!lv->q) return v->c->nranks > 1 && ncfsm__has(v->c, NCFSM_SF_WORKS); /* to register (1 rank: nothing to compare) */
   return atomic_load_explicit(&lv->q->m[lv->rank].att, memory_order_relaxed) != 0;
 }
 
@@ -506,8 +506,9 @@ bool ncfsm__vlocal_poll(struct ncfsm__verifier *v, uint64_t now) {
     attend(me, ATT_OWN); /* again at the next turn */
     return false;
   }
-  if (atomic_load_explicit(&me->next_seq, memory_order_acquire) > atomic_load_explicit(&q->checked, memory_order_acquire))
-    attend(me, ATT_DUE); /* still behind the others: their launches compare, or the next turn does */
+  /* a rank still behind compares at its own launch (this one's seqs were
+   * published before this poll): no turn of this loop waits for it, so that
+   * a rank ahead lets its loop sleep (push completion) */
   if (lv->p2p_dirty && compare_p2p(v, what, sizeof what)) {
     ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
     return true;

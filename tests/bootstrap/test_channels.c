@@ -116,6 +116,33 @@ static void on_lost(ncfsm_boot *b, int rank, const char *why, void *arg) {
   snprintf(lost_msg[i][rank], sizeof lost_msg[i][rank], "%s", why);
 }
 
+/* A parent closed with an idle channel open (a process that ends without closing its
+ * channels, or a program that closes its bootstrap before the communicators verifying over
+ * it): the channel closes with it; its members see it leave; its handle fails every call,
+ * naming why, until its owner closes it. */
+static void test_local_orphan(void **state) {
+  (void)state;
+  struct event_base *base = bt_base();
+  ncfsm_boot *bs[2], *ch[2];
+  for (int r = 0; r < 2; r++) bs[r] = open_local(base, "chanorphan", r, 2);
+  for (int r = 0; r < 2; r++) ch[r] = cs_open(bs[r], "cs.orphan", NULL, 0);
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(bs[1]));
+  int v = 7, out[2];
+  ncfsm_boot_req *q = NULL;
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, ncfsm_boot_allgather_post(ch[1], &v, out, sizeof v, &q));
+  if (!strstr(ncfsm_boot_last_error(ch[1]), "its parent bootstrap was closed"))
+    fail_msg("%s", ncfsm_boot_last_error(ch[1]));
+  ncfsm_boot_notice nt = {.key = 1};
+  assert_int_not_equal(NCFSM_OK, ncfsm_boot_notice_post(ch[1], &nt));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_allgather_post(ch[0], &v, out, sizeof v, &q));
+  assert_int_equal(NCFSM_ERR_BOOTSTRAP, bt_wait(base, q, 5)); /* rank 1 left the channel */
+  if (!strstr(ncfsm_boot_last_error(ch[0]), "rank 1 closed")) fail_msg("%s", ncfsm_boot_last_error(ch[0]));
+  ncfsm_boot_req_free(q);
+  for (int r = 0; r < 2; r++) assert_int_equal(NCFSM_OK, ncfsm_boot_close(ch[r]));
+  assert_int_equal(NCFSM_OK, ncfsm_boot_close(bs[0]));
+  event_base_free(base);
+}
+
 static void test_local_lost_member(void **state) {
   (void)state;
   struct event_base *base = bt_base();
@@ -500,6 +527,7 @@ int main(int argc, char **argv) {
       BT_TEST(test_tcp_processes), /* first: it forks, before this process has threads */
       BT_TEST(test_local_one_thread),
       BT_TEST(test_local_threads),
+      BT_TEST(test_local_orphan),
       BT_TEST(test_local_lost_member),
       BT_TEST(test_tcp_suite),
       BT_TEST(test_tcp_limits),

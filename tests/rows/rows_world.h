@@ -26,7 +26,7 @@ ncfsm_fault kit_fault_of(ncfsm_fault_kind_t kind, const char *name, int rank);
 int kit_fault(ncfsm_fault *f);
 
 /* ---- options and communicators --------------------------------------------------------- */
-/* The sim with one poll per phase, comm `name`, watchdog off, error policy STAY.
+/* The sim with one poll per phase, comm `name`, watchdog off, error policy STAY, verification off.
  * so must outlive the comms made with o (ncfsm_comm_new copies it). */
 void opts_init(ncfsm_comm_opts *o, ncfsm_sim_opts *so, const char *name);
 ncfsm_loop *loop_new(void);

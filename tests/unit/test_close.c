@@ -190,7 +190,10 @@ static void test_close_alone_times_out(void **state) {
   assert_int_equal(x.n, 1);
   assert_int_equal(x.status, NCFSM_ERR_TIMEOUT);
   assert_non_null(strstr(x.failure, "FINALIZING"));
-  assert_int_equal(ncfsm_comm_abort(c[1]), NCFSM_OK);
+  /* rank 1 learnt it (verification, in memory): its comm failed naming rank 0 */
+  assert_non_null(strstr(ncfsm_comm_failure(c[1]), "rank 0's comm failed first"));
+  if (ncfsm_comm_state(c[1]) != NCFSM_STATE_CLOSED) assert_int_equal(ncfsm_comm_abort(c[1]), NCFSM_OK);
+  assert_int_equal(ncfsm_comm_wait_state(c[1], NCFSM_STATE_CLOSED, 5000), NCFSM_OK);
   assert_int_equal(ncfsm_comm_release(c[1]), NCFSM_OK);
   assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
 }

@@ -44,8 +44,12 @@ static void test_destroy_inflight_never_ok(void **state) {
   run_turns(loop, 2);
   assert_int_equal(cb_count[0], 1);
   assert_int_equal(cb_status[0], NCFSM_ERR_ABORTED);
-  /* the peer arrives late: nothing changes for rank 0's work */
-  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)1, NULL), NCFSM_OK);
+  /* the peer learnt it (verification, in memory): its comm failed naming
+   * rank 0, and its late collective is refused; nothing changes for rank 0's work */
+  assert_true(ncfsm_comm_state(c[1]) != NCFSM_STATE_READY); /* failed, then aborted by its policy */
+  assert_non_null(strstr(ncfsm_comm_failure(c[1]), "rank 0's comm failed first"));
+  assert_int_equal(ncfsm_allreduce(c[1], buf[1], buf[1], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, count_cb, (void *)1, NULL),
+                   NCFSM_ERR_ILLEGAL_STATE);
   run_turns(loop, 10);
   assert_int_equal(cb_count[0], 1);
   assert_int_equal(cb_status[0], NCFSM_ERR_ABORTED);
