@@ -15,17 +15,26 @@
 #    every NEEDED library of BUILD/tools/ncfsm-info and BUILD/tests/test_sim_split
 #    that these packages provide must be in .gpu/lib under its SONAME, and
 #    ncfsm-info must run with .gpu/lib first on LD_LIBRARY_PATH and load those
-#    libraries from there (LD_DEBUG=libs).
+#    libraries from there (LD_DEBUG=libs);
+# 4. checks that the GPU machine's C library can run them: no library of
+#    .gpu/lib and no program of BUILD needs a GLIBC_ symbol version newer than
+#    GPU_HOST_GLIBC (default 2.39, Ubuntu 24.04's).
 # Exit 0 when all of it held; 1 with the reason otherwise.
 #
-# The GPU machine (Ubuntu 24.04, CUDA 13.0, NCCL 2.28.x, Open MPI 4.1.6 with
-# PMIx 5, libevent 2.1.12) lacks jansson, cmocka and xxhash. Never add libpmix:
-# in .gpu/lib it would shadow the host's PMIx 5, which mpirun's plugins need
-# (measured: "undefined symbol: PMIx_Info_create").
+# The packages come from this machine's archive (Debian 12): the build links
+# against Debian's libraries, so their SONAMEs are the ones it needs, and
+# Ubuntu 24.04 ships the same SONAMEs (libjansson.so.4, libcmocka.so.0,
+# libxxhash.so.0). The GPU machine (Ubuntu 24.04.3, glibc 2.39, CUDA 13.0, NCCL
+# 2.28.3, Open MPI 4.1.6 with PMIx 5, libevent 2.1.12) has libjansson4 and
+# libxxhash0 but no cmocka (docs/results/gpu-host-libs-2026-12-02.txt); .gpu/lib
+# is searched after the host's libraries, so the host's own win where it has
+# them. Never add libpmix: in .gpu/lib it would shadow the host's PMIx 5, which
+# mpirun's plugins need (measured: "undefined symbol: PMIx_Info_create").
 set -euo pipefail
 
 PACKAGES=(libjansson4 libcmocka0 libxxhash0)
 BUILD=${1:-build}
+GPU_HOST_GLIBC=${GPU_HOST_GLIBC:-2.39}
 ROOT=$(pwd)
 DEBS=$ROOT/.gpu/debs
 LIB=$ROOT/.gpu/lib
@@ -85,7 +94,22 @@ for so in $(need_of "$BUILD/tools/ncfsm-info" | grep -Fxf <(echo "$expected") ||
   echo "$trace" | grep -q "calling init: $LIB/$so" || die "ncfsm-info did not load $so from $LIB"
 done
 
+# the GPU machine's glibc runs them: the newest GLIBC_ version each one needs
+glibc_of() { objdump -T "$1" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1; }
+newer() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | tail -1)" != "$2" ]; }
+glibc_report=
+for f in "$LIB"/lib*.so.*[0-9] "${bins[@]}"; do
+  [ -L "$f" ] && continue
+  g=$(glibc_of "$f")
+  [ -n "$g" ] || die "$f: objdump -T found no GLIBC_ version"
+  newer "$g" "$GPU_HOST_GLIBC" && die "$f needs GLIBC_$g, newer than the GPU machine's $GPU_HOST_GLIBC (GPU_HOST_GLIBC)"
+  so=$(soname_of "$f")
+  glibc_report+="  $(basename "$f")${so:+ (SONAME $so)}: needs GLIBC_$g"$'\n'
+done
+
 files=("$LIB"/lib*.so*)
 echo "gpu-libs: .gpu/lib holds ${#files[@]} files from ${PACKAGES[*]}:"
 sed 's/^/  /' "$LIB/PACKAGES.txt"
 echo "gpu-libs: the build needs, and .gpu/lib has: ${expected//$'\n'/ }"
+echo "gpu-libs: each needs at most the GPU machine's glibc $GPU_HOST_GLIBC:"
+printf '%s' "$glibc_report"

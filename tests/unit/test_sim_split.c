@@ -508,13 +508,19 @@ static void test_shrink_after_revoke(void **state) {
  * parent. The sim modelling 2.31.2 blocks such a destroy for
  * NCFSM_SIM_WAIT_MS, then returns ncclSystemError with the comm alive (abort
  * still ends it); a nonblocking finalize stays InProgress; a blocking one
- * waits and fails alike. Modelling 2.30.7, the sim refuses both at once
- * (ncclInvalidUsage, R7). The engine refuses them before the backend. */
+ * waits and fails alike; 2.32.3 too. Modelling 2.28.3, 2.28.9 (the default)
+ * or 2.30.7, the sim refuses both at once (ncclInvalidUsage, R7). The engine
+ * refuses them before the backend on every version (test_sim_shrunk_parent.c).
+ * After a DEFAULT shrink the parent is destroyed at once on every version. */
 static void test_shrink_abort_destroy_hang(void **state) {
   (void)state;
   setenv("NCFSM_SIM_WAIT_MS", "200", 1);
-  for (int v = 0; v < 2; v++) {
-    setenv("NCFSM_SIM_NCCL_VERSION", v ? "23102" : "23007", 1);
+  static const struct { const char *code; int hangs; } vs[] = {
+      {"22803", 0}, {"22809", 0}, {"23007", 0}, {"23102", 1}, {"23203", 1}};
+  for (size_t k = 0; k < sizeof vs / sizeof vs[0]; k++) {
+    const int v = vs[k].hangs;
+    setenv("NCFSM_SIM_NCCL_VERSION", vs[k].code, 1);
+    print_message("NCFSM_SIM_NCCL_VERSION=%s\n", vs[k].code);
     enum { N = 4 };
     ncfsm_sim_opts so;
     test_sim_opts(&so);
@@ -565,6 +571,15 @@ static void test_shrink_abort_destroy_hang(void **state) {
     abort_all(bch, 2);
     abort_all(p, 3);
     abort_all(b, 2);
+    /* a DEFAULT shrink's parent is no NCCL_SHRINK_ABORT parent: its destroy returns */
+    void *q[3], *qch[2] = {NULL};
+    raw_init(q, 3, &so, 0);
+    const int qex[1] = {2};
+    for (int r = 0; r < 2; r++) assert_int_equal(be->comm_shrink(q[r], qex, 1, &qch[r], &ccfg, NCFSM__SHRINK_DEFAULT), IP);
+    for (int r = 0; r < 2; r++) assert_int_equal(poll_final(q[r]), OK);
+    for (int r = 0; r < 2; r++) assert_int_equal(poll_final(qch[r]), OK);
+    for (int r = 0; r < 3; r++) assert_int_equal(be->destroy(q[r]), OK);
+    abort_all(qch, 2);
     be->stream_destroy(stream);
   }
 }
