@@ -8,6 +8,8 @@
 #define _GNU_SOURCE
 #include "engine_modes.h"
 
+#include <ncfsm/bootstrap.h>
+
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -97,6 +99,8 @@ void em_teardown(em_bench *b) {
   if (b->loop_thread) ncfsm_loop_stop_thread(b->loop);
   for (int i = 0; i < b->ncomms; i++) close_comm(b->comms[i]);
   close_comm(b->ref_comm);
+  if (b->loop) ncfsm_loop_run(b->loop, NCFSM_RUN_NOWAIT); /* the aborts: the comms' channels close */
+  for (int i = 0; i < 2; i++) ncfsm_boot_close(b->boots[i]);
   if (b->loop) ncfsm_loop_close(b->loop);
   if (b->ref_loop) ncfsm_loop_close(b->ref_loop);
   free(b->comms);
@@ -154,6 +158,40 @@ static int setup_pair(em_bench *b, ncfsm_verify_mode_t mode) {
 }
 static int setup_pair_off(em_bench *b) { return setup_pair(b, NCFSM_VERIFY_OFF); }
 static int setup_pair_async(em_bench *b) { return setup_pair(b, NCFSM_VERIFY_ASYNC); }
+
+/* The same 2 ranks initialised over an in-process bootstrap (ncfsm_comm_init_boot):
+ * verification async exchanges on its channel (fsm/verify_channel.c), as ranks in
+ * other processes do. */
+static int setup_pair_boot(em_bench *b, ncfsm_verify_mode_t mode) {
+  if (new_loop(0, &b->loop)) return -1;
+  b->comms = calloc(2, sizeof *b->comms);
+  b->bufs = calloc(2 * 16, sizeof *b->bufs);
+  if (!b->comms || !b->bufs) return -1;
+  b->nslots = 2;
+  char group[64];
+  snprintf(group, sizeof group, "engine-overhead-%d-%d", (int)getpid(), (int)mode);
+  ncfsm_result_t r;
+  for (int k = 0; k < 2; k++, b->ncomms++) {
+    ncfsm_boot_opts bo;
+    ncfsm_boot_opts_init(&bo);
+    bo.kind = NCFSM_BOOT_LOCAL;
+    bo.local_group = group;
+    bo.rank = k;
+    bo.size = 2;
+    if ((r = ncfsm_boot_open(ncfsm_loop_base(b->loop), &bo, &b->boots[k])) != NCFSM_OK) return fail("ncfsm_boot_open", r);
+    ncfsm_comm_opts o;
+    if ((r = ncfsm_comm_opts_init(&o)) != NCFSM_OK) return fail("ncfsm_comm_opts_init", r);
+    o.verify = mode;
+    if ((r = ncfsm_comm_new(b->loop, &o, &b->comms[k])) != NCFSM_OK) return fail("ncfsm_comm_new", r);
+    if ((r = ncfsm_comm_init_boot(b->comms[k], b->boots[k])) != NCFSM_OK) return fail("ncfsm_comm_init_boot", r);
+  }
+  for (int k = 0; k < 2; k++)
+    if ((r = ncfsm_comm_wait_state(b->comms[k], NCFSM_STATE_READY, 10000)) != NCFSM_OK)
+      return fail("ncfsm_comm_wait_state(READY)", r);
+  return 0;
+}
+static int setup_pair_boot_off(em_bench *b) { return setup_pair_boot(b, NCFSM_VERIFY_OFF); }
+static int setup_pair_boot_async(em_bench *b) { return setup_pair_boot(b, NCFSM_VERIFY_ASYNC); }
 
 /* An AllReduce on both ranks, the loop run until both completed: n ops
  * are n works, n / 2 collectives. */
@@ -467,6 +505,10 @@ const em_mode em_modes[] = {
      .setup = setup_pair_off, .run = pair_pingpong},
     {"pair-async", "the same with verification async (the ranks compare in memory)", .warm = 1,
      .setup = setup_pair_async, .run = pair_pingpong},
+    {"pair-boot-off", "2 ranks over an in-process bootstrap, verification off (per work)", .warm = 1,
+     .setup = setup_pair_boot_off, .run = pair_pingpong},
+    {"pair-boot-async", "the same with verification async (exchanges on the bootstrap's channel)", .warm = 1,
+     .setup = setup_pair_boot_async, .run = pair_pingpong},
     {"selfdrive", "submit, ncfsm_work_wait, release; the waiting thread drives the loop", ONE, .run = selfdrive},
     {"threads", "T threads stream ops (as coalesce) to the loop's own thread; .self: coalesce, same run", 1, 64,
      n_threads, .warm = 1, .setup = setup_threads, .run = threads_stream, .run_ref = stream_ref},

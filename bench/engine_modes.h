@@ -22,6 +22,7 @@ typedef struct em_bench {
   int loop_thread;     /* 1: it runs on its own thread (ncfsm_loop_start_thread) */
   ncfsm_comm **comms;
   int ncomms;
+  struct ncfsm_boot *boots[2]; /* pair-boot-*: the ranks' in-process bootstraps (closed after the comms) */
   ncfsm_loop *ref_loop; /* threads-T: the self-driven reference of the same run */
   ncfsm_comm *ref_comm;
   float *bufs;         /* 16 floats per slot */

@@ -224,6 +224,8 @@ bool ncfsm__loop_pending(ncfsm_loop *loop) {
   if (loop->kick || ncfsm__timer_now(loop) || (loop->nqueued && !ncfsm__group_open(loop)) || loop->notify_head ||
       loop->snote_head || loop->calls_head)
     return true;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) /* not polled: their bootstrap callbacks wake the loop */
+    if (c->verify_waits) return true;
   return ncfsm__poll_pending(loop);
 }
 

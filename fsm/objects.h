@@ -212,7 +212,8 @@ struct ncfsm_comm {
   uint64_t created_ns;
   struct ncfsm__close *close; /* ncfsm_comm_close accepted (guard NOT_CLOSING); freed after its callback */
   uint64_t verify_stall_ns;   /* in-process verification: the watchdog tells it of launches older than this */
-  const _Atomic unsigned *verify_att; /* in-process verification: nonzero when it must be polled (else vops->busy) */
+  const _Atomic unsigned *verify_att; /* verification: nonzero when it must be polled (NULL: vops->busy) */
+  bool verify_waits;                  /* verification has exchanges out: their callbacks will come (a wait waits) */
   uint64_t verify_checked_ns;         /* ... the watchdog's last look for a launch past verify_stall_ns */
 };
 

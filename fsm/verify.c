@@ -9,6 +9,8 @@
 /* The exchanges in flight (the in-process registration stays: a failure
  * still reaches the other ranks). */
 static void drop(struct ncfsm__verifier *v) {
+  v->c->verify_waits = false;
+  ncfsm__vchan_waits(v, false);
   ncfsm__vasync_free(v);
   ncfsm__vstrict_free(v);
   ncfsm__vcomp_free(v);
@@ -85,12 +87,24 @@ static bool verify_guard(const void *obj, unsigned g, const void *payload) {
 
 static const ncfsm__binding verify_binding = {&ncfsm__m_verify, verify_guard, verify_acts, NULL, NULL};
 
+/* A verifier over a channel: does it need turns (its attention word, read by the engine
+ * inline)? Its polled states do, RUNNING only with exchanges out. */
+static void mark(struct ncfsm__verifier *v) {
+  if (!v->chan) return;
+  bool work = (ncfsm__m_verify.states[v->state].flags & NCFSM__VF_POLLED) &&
+              (v->state != NCFSM__VS_RUNNING || ncfsm__vstrict_pending(v)); /* async: woken (vchan_wake) */
+  ncfsm__vchan_mark(v, work);
+  v->c->verify_waits = v->vq_head != NULL;
+  ncfsm__vchan_waits(v, v->c->verify_waits);
+}
+
 void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
                         ncfsm_result_t cause, const char *what) {
   ncfsm__vev p = {comm_ev, cause, what};
   if (!ncfsm__m_fire(&verify_binding, v, &v->state, ev, &p))
     NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: %s ignored in state %s", v->c->name, v->c->rank,
                ncfsm__m_verify.events[ev].name, ncfsm__m_verify.states[v->state].name);
+  mark(v);
 }
 
 /* ---- the hooks --------------------------------------------------------------------------- */
@@ -100,14 +114,20 @@ static bool polled(const struct ncfsm__verifier *v) { return ncfsm__m_verify.sta
 
 static void on_queued(ncfsm_comm *c, ncfsm_work *w) {
   struct ncfsm__verifier *v = ver(c);
-  if (c->opts.verify == NCFSM_VERIFY_STRICT && polled(v) && v->state != NCFSM__VS_BROKEN) ncfsm__vstrict_queued(v, w);
+  if (c->opts.verify == NCFSM_VERIFY_STRICT && polled(v) && v->state != NCFSM__VS_BROKEN) {
+    ncfsm__vstrict_queued(v, w);
+    mark(v);
+  }
 }
 
 static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
   struct ncfsm__verifier *v = ver(c);
   bool p2p = w->fp.op == NCFSM_KIND_SEND || w->fp.op == NCFSM_KIND_RECV;
   if (v->local) ncfsm__vlocal_launched(v, w); /* every launch, in every state: its peers compare it */
-  else if (!p2p && c->opts.verify == NCFSM_VERIFY_ASYNC && v->state == NCFSM__VS_RUNNING) ncfsm__vasync_launched(v);
+  else if (!p2p && c->opts.verify == NCFSM_VERIFY_ASYNC && v->state == NCFSM__VS_RUNNING) {
+    ncfsm__vasync_launched(v);
+    if (v->vq_head && !c->verify_waits) mark(v); /* an exchange is out */
+  }
 }
 
 static void on_forget(ncfsm_comm *c, ncfsm_work *w) {
@@ -144,8 +164,10 @@ static bool poll_states(ncfsm_comm *c, uint64_t now);
 
 static bool on_poll(ncfsm_comm *c, uint64_t now) {
   struct ncfsm__verifier *v = ver(c);
+  ncfsm__vchan_polled(v);
   bool progress = poll_states(c, now);
   if (ended(c)) ncfsm__vchan_retire(v);
+  mark(v);
   return progress;
 }
 
@@ -206,6 +228,7 @@ static const char *on_state_name(const ncfsm_comm *c) { return ncfsm__m_verify.s
 static void on_stall_due(ncfsm_comm *c) {
   struct ncfsm__verifier *v = ver(c);
   if (v->local) ncfsm__vlocal_stall_due(v);
+  else ncfsm__vchan_wake(v); /* its exchanges look at their own bound */
 }
 
 static void on_ended(ncfsm_comm *c) {

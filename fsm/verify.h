@@ -80,6 +80,10 @@ void ncfsm__vchan_free(struct ncfsm__verifier *v);
 void ncfsm__vchan_retire(struct ncfsm__verifier *v); /* stopped: close the channel once nothing is left to post */
 bool ncfsm__vchan_open_now(const struct ncfsm__verifier *v);
 bool ncfsm__vchan_busy(const struct ncfsm__verifier *v);
+void ncfsm__vchan_mark(struct ncfsm__verifier *v, bool work); /* exchanges or a state to poll, or none */
+void ncfsm__vchan_wake(struct ncfsm__verifier *v);   /* an exchange finished, or a stall may be due */
+void ncfsm__vchan_polled(struct ncfsm__verifier *v); /* the poll that wake asked for runs */
+void ncfsm__vchan_waits(struct ncfsm__verifier *v, bool waits); /* exchanges out: the stall timer runs */
 void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const char *what);
 bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len); /* true: a peer failed (what) */
 /* An exchange stalled: ask the other ranks (STALL_SUSPECTED), or STALLED at once without notices. */

@@ -41,7 +41,7 @@ struct ncfsm__vdet {
 static void vreq_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
   (void)req;
   (void)status;
-  ncfsm__loop_kick_async(arg); /* the next turn polls it */
+  ncfsm__vchan_wake(arg); /* the next turn polls it */
 }
 
 void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
@@ -58,7 +58,7 @@ void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
   q->mine = (ncfsm__vmsg){c->coll_seq, c->hash};
   q->t_post = ncfsm__now_ns();
   q->post_rc = ncfsm_boot_allgather_post(v->boot, &q->mine, q->all, sizeof q->mine, &q->req);
-  if (q->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(q->req, vreq_done, c->loop);
+  if (q->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(q->req, vreq_done, v);
   if (v->vq_tail) v->vq_tail->next = q;
   else v->vq_head = q;
   v->vq_tail = q;
@@ -176,7 +176,7 @@ void ncfsm__vasync_post_detail(struct ncfsm__verifier *v) {
   mine_from_recorder(v, d->mine);
   d->t_post = ncfsm__now_ns();
   d->post_rc = ncfsm_boot_allgather_post(v->boot, d->mine, d->all, sizeof d->mine, &d->req);
-  if (d->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(d->req, vreq_done, c->loop);
+  if (d->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(d->req, vreq_done, v);
   v->det = d;
 }
 

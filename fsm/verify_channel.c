@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "fsm/verify.h"
 #include "ncfsm/bootstrap.h"
 
@@ -34,11 +36,15 @@
 enum { K_FAILED = 1, K_ASK = 2, K_ANSWER = 3 };
 #define KEY(c, k) (((c)->comm_id & ~(uint64_t)3) | (k))
 
-/* Bits of the inbox's attention word. */
-enum { IN_FAILED = 1u, IN_ASK = 2u, IN_ANSWER = 4u };
+/* Bits of the attention word, which the engine reads inline to know whether the verifier
+ * needs a turn (c->verify_att): notices filed by the callback, this rank's failure to post,
+ * and exchanges or a state to poll (ncfsm__vchan_mark). */
+enum { IN_FAILED = 1u, IN_ASK = 2u, IN_ANSWER = 4u, IN_POST = 8u, IN_WORK = 16u, IN_DONE = 32u };
 
 struct ncfsm__vchan {
   ncfsm_boot *ch;    /* the channel; NULL until opened */
+  struct event *stall_tm; /* while exchanges are out: a look at their stall bound every quarter of it */
+  uint64_t stall_us;
   ncfsm_loop *loop;  /* kicked by the callback */
   int nranks;
   pthread_mutex_t mu; /* the inbox, filed by the callback */
@@ -80,13 +86,62 @@ static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
   ncfsm__loop_kick_async(vc->loop);
 }
 
+static void stall_look(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  ncfsm__vchan_wake(arg);
+}
+
+/* Exchanges are out (waits) or not: the stall timer runs while they are. */
+void ncfsm__vchan_waits(struct ncfsm__verifier *v, bool waits) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || !vc->stall_tm || waits == !!evtimer_pending(vc->stall_tm, NULL)) return;
+  if (!waits) {
+    evtimer_del(vc->stall_tm);
+    return;
+  }
+  struct timeval tv = {(time_t)(vc->stall_us / 1000000u), (suseconds_t)(vc->stall_us % 1000000u)};
+  evtimer_add(vc->stall_tm, &tv);
+}
+
 ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v) {
   struct ncfsm__vchan *vc = calloc(1, sizeof *vc);
   if (!vc) return NCFSM_ERR_NO_MEMORY;
   vc->loop = v->c->loop;
   pthread_mutex_init(&vc->mu, NULL);
+  atomic_init(&vc->att, IN_WORK); /* WAITING: polled until in service */
   v->chan = vc;
+  v->c->verify_att = &vc->att;
+  /* an exchange out is not polled (its callback wakes the verifier): a timer looks at the
+   * stall bound while some are out */
+  vc->stall_us = v->c->opts.verify_stall_ms * 250ull;
+  if (vc->stall_us && !(vc->stall_tm = evtimer_new(ncfsm_loop_base(v->c->loop), stall_look, v))) {
+    pthread_mutex_destroy(&vc->mu);
+    free(vc);
+    v->chan = NULL;
+    v->c->verify_att = NULL;
+    return NCFSM_ERR_NO_MEMORY;
+  }
   return NCFSM_OK;
+}
+
+/* An exchange finished (its callback, on the loop's thread), or the watchdog found a launch
+ * older than the stall bound: the next turn polls the verifier. */
+void ncfsm__vchan_wake(struct ncfsm__verifier *v) {
+  if (!v->chan) return;
+  atomic_fetch_or_explicit(&v->chan->att, IN_DONE, memory_order_relaxed);
+  ncfsm__loop_kick_async(v->c->loop);
+}
+
+void ncfsm__vchan_polled(struct ncfsm__verifier *v) {
+  if (v->chan) atomic_fetch_and_explicit(&v->chan->att, ~IN_DONE, memory_order_relaxed);
+}
+
+void ncfsm__vchan_mark(struct ncfsm__verifier *v, bool work) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || work == !!(atomic_load_explicit(&vc->att, memory_order_relaxed) & IN_WORK)) return;
+  if (work) atomic_fetch_or_explicit(&vc->att, IN_WORK, memory_order_relaxed);
+  else atomic_fetch_and_explicit(&vc->att, ~IN_WORK, memory_order_relaxed);
 }
 
 /* The comm is in service (its id is the same on every rank now): open the
@@ -166,6 +221,7 @@ void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const 
   vc->fail_out.cause = cause;
   snprintf(vc->fail_out.what, sizeof vc->fail_out.what, "%s", what ? what : "");
   vc->fail_due = true;
+  atomic_fetch_or_explicit(&vc->att, IN_POST, memory_order_relaxed);
   ncfsm__loop_kick_async(c->loop);
 }
 
@@ -203,8 +259,10 @@ bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
   if (!vc->ch) return false;
   if (vc->fail_due) {
     vc->fail_due = false;
+    atomic_fetch_and_explicit(&vc->att, ~IN_POST, memory_order_relaxed);
     post(v, &vc->fail_out);
   }
+  if (v->state != NCFSM__VS_ASKING) atomic_fetch_and_explicit(&vc->att, ~IN_ANSWER, memory_order_relaxed); /* late */
   unsigned att = atomic_load_explicit(&vc->att, memory_order_acquire);
   if (!(att & (IN_FAILED | IN_ASK))) return false;
   pthread_mutex_lock(&vc->mu);
