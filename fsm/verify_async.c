@@ -24,7 +24,7 @@ struct ncfsm__vreq {
   ncfsm__vmsg *all; /* nranks entries */
   ncfsm_boot_req *req;
   ncfsm_result_t post_rc; /* a post that failed is reported at the next poll */
-  uint64_t t_post;
+  uint64_t t_post, t_failed;
   struct ncfsm__vreq *next;
 };
 
@@ -44,6 +44,33 @@ static void vreq_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
   ncfsm__vchan_wake(arg); /* the next turn polls it */
 }
 
+/* At most POSTED_MAX exchanges are out on the channel; the later ones wait in the queue, in
+ * seq order (the order the bootstrap matches them by), until earlier ones complete: a rank
+ * far ahead of another (its bootstrap partitioned while NCCL's network still carries the
+ * collectives) does not fill the store with requests it must park (measured: tests/netns,
+ * a silent partition of one host, the others' connections closed for "more than 1024
+ * parked requests"). Each exchange still covers every collective before its seq. */
+#define POSTED_MAX 8
+
+/* An exchange that failed (a rank left the channel) fails the comm only this long after, so
+ * that the failure notice of a rank that failed and then left, posted just before it left,
+ * names the cause first (PEER_FAILED; the in-process bootstrap tells the loss at once and the
+ * notice at the next dispatch). */
+#define EXPLAIN_NS 20000000ull
+
+static void post_due(struct ncfsm__verifier *v) {
+  unsigned out = 0;
+  for (struct ncfsm__vreq *q = v->vq_head; q; q = q->next) {
+    if (q->req || q->post_rc != NCFSM_OK) {
+      if (++out >= POSTED_MAX) return;
+      continue;
+    }
+    q->post_rc = ncfsm_boot_allgather_post(v->boot, &q->mine, q->all, sizeof q->mine, &q->req);
+    if (q->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(q->req, vreq_done, v);
+    if (++out >= POSTED_MAX) return;
+  }
+}
+
 void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
   ncfsm_comm *c = v->c;
   unsigned win = c->opts.verify_window ? c->opts.verify_window : 1;
@@ -57,11 +84,10 @@ void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
   }
   q->mine = (ncfsm__vmsg){c->coll_seq, c->hash};
   q->t_post = ncfsm__now_ns();
-  q->post_rc = ncfsm_boot_allgather_post(v->boot, &q->mine, q->all, sizeof q->mine, &q->req);
-  if (q->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(q->req, vreq_done, v);
   if (v->vq_tail) v->vq_tail->next = q;
   else v->vq_head = q;
   v->vq_tail = q;
+  post_due(v);
 }
 
 static void vreq_free(struct ncfsm__vreq *q) {
@@ -111,6 +137,10 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
       }
       return progress;
     }
+    if (r != NCFSM_OK && now - (q->t_failed ? q->t_failed : (q->t_failed = now)) < EXPLAIN_NS) {
+      ncfsm__vchan_wake(v); /* a rank that left after its comm failed: its notice may be on the way */
+      return progress;
+    }
     if (r != NCFSM_OK) {
       snprintf(what, sizeof what, "verification: the exchange at seq %llu failed (%s: %s)",
                (unsigned long long)q->mine.seq, ncfsm_err_name(r), ncfsm_boot_last_error(v->boot));
@@ -137,6 +167,7 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
     v->vq_head = q->next;
     if (!v->vq_head) v->vq_tail = NULL;
     vreq_free(q);
+    post_due(v);
     progress = true;
   }
   return progress;

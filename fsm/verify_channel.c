@@ -212,6 +212,8 @@ bool ncfsm__vchan_busy(const struct ncfsm__verifier *v) {
 /* This rank's comm failed: the other ranks are told at the next poll (on
  * the loop's thread). A peer's failure is not passed on; a divergence
  * every rank finds itself. */
+static void post_failure(struct ncfsm__verifier *v);
+
 void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const char *what) {
   struct ncfsm__vchan *vc = v->chan;
   ncfsm_comm *c = v->c;
@@ -222,7 +224,10 @@ void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const 
   snprintf(vc->fail_out.what, sizeof vc->fail_out.what, "%s", what ? what : "");
   vc->fail_due = true;
   atomic_fetch_or_explicit(&vc->att, IN_POST, memory_order_relaxed);
-  ncfsm__loop_kick_async(c->loop);
+  /* in a turn (the thread that runs the bootstrap's base): at once, before the program can
+   * close the bootstrap; else at the next poll */
+  if (ncfsm__loop_in_turn(c->loop)) post_failure(v);
+  else ncfsm__loop_kick_async(c->loop);
 }
 
 static void post(struct ncfsm__verifier *v, const ncfsm_boot_notice *n) {
@@ -247,21 +252,28 @@ static uint64_t progress_of(const struct ncfsm__verifier *v) {
 
 /* What the inbox holds, applied on the loop's thread: a failure to pass on,
  * answers to give. true with what: another rank's comm failed. */
+/* This rank's failure, if it is to be told: posted now (on the loop's thread). */
+static void post_failure(struct ncfsm__verifier *v) {
+  struct ncfsm__vchan *vc = v->chan;
+  ncfsm_comm *c = v->c;
+  if (!vc->fail_due) return;
+  /* failed in service before its first poll: the comm id is the same on every rank once it launched */
+  if (!vc->ch && v->parent && c->coll_seq > 0) {
+    char why[300];
+    if (!ncfsm__vchan_open(v, why, sizeof why)) NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] %s", c->name, c->rank, why);
+  }
+  if (!vc->ch) return;
+  vc->fail_due = false;
+  atomic_fetch_and_explicit(&vc->att, ~IN_POST, memory_order_relaxed);
+  post(v, &vc->fail_out);
+}
+
 bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
   struct ncfsm__vchan *vc = v->chan;
   ncfsm_comm *c = v->c;
   if (!vc) return false;
-  /* failed in service before its first poll: the comm id is the same on every rank once it launched */
-  if (vc->fail_due && !vc->ch && v->parent && c->coll_seq > 0) {
-    char why[300];
-    if (!ncfsm__vchan_open(v, why, sizeof why)) NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] %s", c->name, c->rank, why);
-  }
+  post_failure(v);
   if (!vc->ch) return false;
-  if (vc->fail_due) {
-    vc->fail_due = false;
-    atomic_fetch_and_explicit(&vc->att, ~IN_POST, memory_order_relaxed);
-    post(v, &vc->fail_out);
-  }
   if (v->state != NCFSM__VS_ASKING) atomic_fetch_and_explicit(&vc->att, ~IN_ANSWER, memory_order_relaxed); /* late */
   unsigned att = atomic_load_explicit(&vc->att, memory_order_acquire);
   if (!(att & (IN_FAILED | IN_ASK))) return false;
