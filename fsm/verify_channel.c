@@ -196,6 +196,8 @@ void ncfsm__vchan_free(struct ncfsm__verifier *v) {
   struct ncfsm__vchan *vc = v->chan;
   if (!vc) return;
   if (vc->ch) close_channel(v);
+  if (vc->stall_tm) event_free(vc->stall_tm);
+  if (v->c->verify_att == &vc->att) v->c->verify_att = NULL;
   pthread_mutex_destroy(&vc->mu);
   free(vc->ans_seq);
   free(vc->ans_state);
