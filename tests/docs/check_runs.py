@@ -52,7 +52,8 @@ import re
 import subprocess
 import sys
 
-FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+from check_docs import FENCE
+
 MARKER = re.compile(r"^<!--\s*(code|run|stdout|stderr|shown):\s*(.*?)\s*-->\s*$")
 ATTR = re.compile(r'(\w+)=(?:"([^"]*)"|(\S+))')
 REGION = re.compile(r"^(\s*)(?:/\*|//|#)\s*\[(/?)([A-Za-z0-9_.-]+)\]\s*(?:\*/)?\s*$")

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from check_docs_selftest import write
+
 SOURCE = """int main(void) {
   /* [body] */
   int x = 1;
@@ -113,14 +115,6 @@ def planted_page():
 
 def line_of(text, needle):
     return text[:text.index(needle)].count("\n") + 1
-
-
-def write(root, files):
-    for rel, text in files.items():
-        path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
 
 
 def run(checker, root, *args):
