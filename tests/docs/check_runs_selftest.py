@@ -122,6 +122,14 @@ def run(checker, root, *args):
     return p.returncode, p.stdout
 
 
+def finish(name, failures):
+    """Print the failures and the verdict; the exit status."""
+    for f in failures:
+        print("FAIL: " + f)
+    print("%s self-test: %s" % (name, "FAIL" if failures else "PASS"))
+    return 1 if failures else 0
+
+
 def main():
     checker = os.path.abspath(sys.argv[1])
     failures = []
@@ -175,10 +183,7 @@ def main():
             failures.append("after --update, the runs still differ (exit %d):\n%s" % (rc, out))
     finally:
         shutil.rmtree(tmp)
-    for f in failures:
-        print("FAIL: " + f)
-    print("check_runs self-test: %s" % ("FAIL" if failures else "PASS"))
-    return 1 if failures else 0
+    return finish("check_runs", failures)
 
 
 if __name__ == "__main__":
