@@ -27,6 +27,10 @@ an HTML comment on the line right before its opening fence:
         block shows them so.
   <!-- shown: WHY -->   a block that is neither (a command the reader types
         once, such as a build); WHY says why it is not run.
+  <!-- begin FILE: a copy, refreshed by scripts/update-expected.sh -->
+        the block is FILE (next to the page), a committed expected output
+        (cmake/check-readme-copy.cmake's marker; --update leaves it to
+        scripts/update-expected.sh).
 
 Checks (each finding as `file:line: what is wrong`; exit 1 on any, 0 when
 there is none, 2 on a usage error):
@@ -55,6 +59,8 @@ import sys
 from check_docs import FENCE
 
 MARKER = re.compile(r"^<!--\s*(code|run|stdout|stderr|shown):\s*(.*?)\s*-->\s*$")
+# cmake/check-readme-copy.cmake's marker: the block is a copy of an expected-output file
+COPY = re.compile(r"^<!-- begin (\S+): a copy, refreshed by scripts/update-expected\.sh -->$")
 ATTR = re.compile(r'(\w+)=(?:"([^"]*)"|(\S+))')
 REGION = re.compile(r"^(\s*)(?:/\*|//|#)\s*\[(/?)([A-Za-z0-9_.-]+)\]\s*(?:\*/)?\s*$")
 BUILD_WORD = re.compile(r"(?<![\w/.$-])build/")
@@ -104,7 +110,10 @@ def parse_page(root, rel, findings):
                 break
             j += 1
         marker = MARKER.match(lines[open_line - 1]) if open_line > 0 else None
-        if not marker:
+        copy = COPY.match(lines[open_line - 1]) if open_line > 0 else None
+        if copy:
+            blocks.append(Block(rel, open_line + 1, "copy", copy.group(1), open_line + 1, j, lines[open_line + 1:j]))
+        elif not marker:
             findings.append("%s:%d: a code block without a marker (<!-- code|run|stdout|stderr|shown: ... --> "
                             "on the line before it)" % (rel, open_line + 1))
         else:
@@ -211,6 +220,14 @@ def check_page(args, rel, findings, edits):
                     re.compile(v)
                 except re.error as e:
                     findings.append("%s: vary=%r is not a regular expression: %s" % (b.where(), v, e))
+        elif b.kind == "copy" and args.static:
+            src = os.path.join(os.path.dirname(rel), b.ident)
+            full = os.path.join(args.root, src)
+            if not os.path.isfile(full):
+                findings.append("%s: the block is a copy of %s, which does not exist" % (b.where(), src))
+            elif b.body != read(full).split("\n")[:-1]:
+                findings.append("%s: the block differs from %s (scripts/update-expected.sh refreshes it):\n%s"
+                                % (b.where(), src, show_diff(b.body, read(full).split("\n")[:-1], rel)))
         elif b.kind == "shown" and not b.ident:
             findings.append("%s: a shown marker must say why the block is not run" % b.where())
     if args.static:
@@ -269,7 +286,7 @@ def check_examples(args, pages, findings):
                             "here (add the page to tests/docs/CMakeLists.txt)" % rel)
             continue
         kinds = set(b.kind for b in pages[rel])
-        if "run" not in kinds or not kinds & {"stdout", "stderr"}:
+        if "run" not in kinds or not kinds & {"stdout", "stderr", "copy"}:
             findings.append("%s: shows no command run with its output (a run block and a stdout or stderr "
                             "block)" % rel)
 

@@ -4,11 +4,12 @@
 Builds a small tree in a temporary directory: a source with regions, a page
 whose code blocks are those regions and whose output blocks are what its
 commands print (a vary= part, an order=rank block, a shown block, a run
-with by=), and an examples folder. The clean tree passes --static and every
+with by=, a copy of an expected-output file), and an examples folder. The clean tree passes --static and every
 --run; then each planted drift (a code block that differs, a missing region,
 a block without a marker, output that differs, a wrong exit status, a run
 without a CTest and a CTest without a run, output of an unknown run, a by=
-file that does not run it, an example without a README) must be reported as
+file that does not run it, a copy of an expected file that differs, an
+example without a README) must be reported as
 `page:line: ...`, with exit 1; --update then writes the blocks back and
 the tree passes again.
 
@@ -80,6 +81,12 @@ true
 %(F)ssh
 make
 %(F)s
+
+<!-- begin exp.txt: a copy, refreshed by scripts/update-expected.sh -->
+%(F)s
+line 1
+%(F)s
+<!-- end exp.txt -->
 """ % {"F": F}
 
 EXAMPLE = """# ex
@@ -95,7 +102,7 @@ hi
 %(F)s
 """ % {"F": F}
 
-CLEAN = {"src/p.c": SOURCE, "page.md": PAGE, "ci.sh": "check_runs.py --run far page.md\n",
+CLEAN = {"src/p.c": SOURCE, "page.md": PAGE, "ci.sh": "check_runs.py --run far page.md\n", "exp.txt": "line 1\n",
          "examples/one/README.md": EXAMPLE, "examples/one/one.c": "int y;\n"}
 
 
@@ -145,7 +152,7 @@ def main():
                 failures.append("clean tree, %s: exit %d, not 0:\n%s" % (" ".join(args), rc, out))
 
         page = planted_page()
-        write(tmp, {"page.md": page, "ci.sh": "nothing here\n"})
+        write(tmp, {"page.md": page, "ci.sh": "nothing here\n", "exp.txt": "line one\n"})
         os.remove(os.path.join(tmp, "examples/one/README.md"))
         os.makedirs(os.path.join(tmp, "examples/two"))
         expected = [
@@ -157,6 +164,7 @@ def main():
             "page.md:%d: stdout of run ghost, which this page does not define" % line_of(page, "```\nboo"),
             "page.md:%d: run lonely has no CTest" % (page[:page.rindex("```sh\ntrue")].count("\n") + 1),
             "page.md:%d: run far is said to be run by ci.sh" % line_of(page, "```sh\ntrue"),
+            "page.md:%d: the block differs from exp.txt" % line_of(page, "```\nline 1"),
             "page.md: CTest runs stale, which is not a run of this page",
             "examples/one/README.md: every example needs a README.md",
             "examples/two/README.md: every example needs a README.md",
