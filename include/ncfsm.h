@@ -1,11 +1,18 @@
 /*
  * ncfsm: NCCL communicators as explicit state machines on a libevent loop.
  *
- * Every call below is thread-safe unless its comment says otherwise. Backend
- * (NCCL/CUDA or sim) calls are only made by the thread that runs the loop
- * (R9, docs/nccl-rules.md); calls from other threads take the loop's lock, do the
- * state bookkeeping and wake the loop. Callbacks always run on the loop
- * thread, exactly once, and never when the call that took them failed.
+ * Every call below is thread-safe unless its comment says otherwise. NCCL
+ * (and the sim's) communicator calls are only made by the thread that
+ * drives the loop (R9, docs/nccl-rules.md); calls from other threads take
+ * the loop's lock, do the state bookkeeping and wake the loop, and the
+ * blocking ones (destroy, abort, revoke, split) wait for the loop's thread
+ * to make the call. Buffers and streams (ncfsm_mem_*, ncfsm_stream_*) are
+ * made on the calling thread. Callbacks always run on the loop thread,
+ * exactly once, and never when the call that took them failed.
+ *
+ * docs/reference/ has an entry for every function and type here: its
+ * thread, whether it blocks, the states before and after, its errors and
+ * who owns what; docs/tutorial.md shows them at work.
  */
 #ifndef NCFSM_H
 #define NCFSM_H
@@ -162,13 +169,17 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg);
 /* Called on the loop thread (ncfsm_loop_shutdown). */
 typedef void (*ncfsm_loop_cb)(ncfsm_loop *loop, void *arg);
 /* Nonblocking, any thread: ncfsm_comm_close on every comm of the loop that
- * is not closing or released yet (their close callbacks are NULL), then
- * cb once every comm is released. Then, after ncfsm_loop_run returns (or
- * ncfsm_loop_stop_thread), ncfsm_loop_close frees the loop. Once per loop:
- * NCFSM_ERR_ILLEGAL_STATE the second time. */
+ * is not closing or released yet (their close callbacks are NULL; each comm
+ * goes from its state to RELEASED), then cb, on the loop thread, once every
+ * comm is released. The loop must run meanwhile; then, after ncfsm_loop_run
+ * returns (or ncfsm_loop_stop_thread), ncfsm_loop_close frees the loop.
+ * Once per loop: NCFSM_ERR_ILLEGAL_STATE the second time. */
 ncfsm_result_t ncfsm_loop_shutdown(ncfsm_loop *loop, ncfsm_loop_cb cb, void *arg);
-/* Frees the loop. Not from a callback of the loop; NCFSM_ERR_BUSY (nothing
- * freed) while communicators are not released or work handles are held. */
+/* Frees the loop; nonblocking. Any thread but not from a callback of the
+ * loop (NCFSM_ERR_INVALID_USAGE). Every comm must be RELEASED; the handle
+ * is invalid afterwards. NCFSM_ERR_BUSY (nothing freed) while
+ * communicators are not released, work handles are held, the loop thread
+ * runs, a group is open or another thread runs the loop. */
 ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop);
 void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg);
 /* Last error of loop-level calls (groups, run, close, call) that the calling
@@ -452,9 +463,9 @@ ncfsm_result_t ncfsm_comm_recover(ncfsm_comm *comm);
  * that was not ready yet). The handle may be read (ncfsm_comm_failure,
  * ncfsm_comm_name) during the callback only. */
 typedef void (*ncfsm_close_cb)(ncfsm_comm *comm, ncfsm_result_t status, void *arg);
-/* Nonblocking, any thread, once per comm, in every state but RELEASED. The
- * loop takes the comm from its state to RELEASED one legal call at a time
- * (fsm/comm.def, column close): a ready comm is finalized (its queued and
+/* Nonblocking, any thread (callbacks too), once per comm, in every state but
+ * RELEASED. The loop takes the comm from its state to RELEASED one legal
+ * call at a time (fsm/comm.def, column close), then runs cb: a ready comm is finalized (its queued and
  * in-flight works complete first: every rank must close it, R4) and
  * destroyed; a comm not ready yet, failed, revoked or shrunk is aborted
  * (R1, R5); one in an open group waits for the group's end, one in a
@@ -465,21 +476,31 @@ typedef void (*ncfsm_close_cb)(ncfsm_comm *comm, ncfsm_result_t status, void *ar
  * the comm is disarmed; while one runs the call returns NCFSM_ERR_BUSY. */
 ncfsm_result_t ncfsm_comm_close(ncfsm_comm *comm, ncfsm_close_cb cb, void *arg);
 
-/* Nonblocking: DRAINING at once; the comm's queued ops launch, then the
- * loop calls ncclCommFinalize and polls it to FINALIZED (R4). Collective:
- * every rank finalizes. */
+/* Nonblocking, any thread. READY (no op of it in an open group) ->
+ * DRAINING at once (LAUNCH_IN_PROGRESS -> DRAIN_LAUNCH_IN_PROGRESS); the
+ * comm's queued ops launch, then the loop calls ncclCommFinalize and polls
+ * it through FINALIZING to FINALIZED (R4); then only destroy or abort.
+ * Collective: every rank finalizes. NCFSM_ERR_ILLEGAL_STATE elsewhere (a
+ * second finalize poisons a real comm, R4). */
 ncfsm_result_t ncfsm_comm_finalize(ncfsm_comm *comm);
-/* Blocking: ncclCommDestroy on the loop thread (the caller waits; the
- * loop's lock is not held meanwhile), FINALIZED or READY with no unfinished
- * work -> CLOSED. A destroy NCCL refuses leaves the comm in ERROR. */
+/* Blocking, any thread: ncclCommDestroy on the loop thread (on the caller
+ * when no other thread runs the loop, else the caller waits; the loop's
+ * lock is not held meanwhile). FINALIZED, READY with no unfinished work, or
+ * REVOKED -> CLOSING -> CLOSED; then only release. A destroy NCCL refuses
+ * leaves the comm in ERROR (NCFSM_ERR_BACKEND): abort it. */
 ncfsm_result_t ncfsm_comm_destroy(ncfsm_comm *comm);
-/* Blocking: ncclCommAbort on the loop thread, from any live, failed or
- * ended state -> CLOSED; every unfinished work fails as ABORTED (R5). */
+/* Blocking, any thread: ncclCommAbort on the loop thread (as destroy).
+ * Every state but CLOSING, CLOSED, RELEASED -> CLOSING -> CLOSED; every
+ * unfinished work fails as ABORTED (R5); then only release. */
 ncfsm_result_t ncfsm_comm_abort(ncfsm_comm *comm);
-/* ncclCommRevoke (NCCL >= 2.28.7): REVOKING, polled to REVOKED; works not
- * seen complete fail (R6). Returns once NCCL took the call. */
+/* ncclCommRevoke (NCCL >= 2.28.7), any thread, on the loop thread (as
+ * destroy): blocks until NCCL took the call. READY, LAUNCH_IN_PROGRESS or
+ * ERROR -> REVOKING, polled by the loop to REVOKED (then destroy, shrink or
+ * abort); works not seen complete fail (R6). NCFSM_ERR_UNSUPPORTED without
+ * ncclCommRevoke. */
 ncfsm_result_t ncfsm_comm_revoke(ncfsm_comm *comm);
-/* Free the handle: legal in NEW and CLOSED. The handle must not be used
+/* Free the handle; nonblocking, any thread: NEW or CLOSED -> RELEASED
+ * (NCFSM_ERR_ILLEGAL_STATE elsewhere). The handle must not be used
  * afterwards (like a closed libuv handle); its memory goes with the last
  * reference, so works the caller still holds stay valid until released. */
 ncfsm_result_t ncfsm_comm_release(ncfsm_comm *comm);

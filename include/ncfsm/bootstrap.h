@@ -173,7 +173,7 @@ ncfsm_result_t ncfsm_boot_agree_result(ncfsm_boot_req *req, uint8_t *alive, int 
  * standalone ncfsm-store or rank 0 surviving. */
 ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm_boot **out);
 
-/* ---- Broadcast (issue 14) ----------------------------------------------------------------
+/* ---- Broadcast ---------------------------------------------------------------------------
  * Broadcast len bytes from root to every rank: on root, buf holds the bytes (read during the
  * post: root may reuse buf once the post returned); on the other ranks, buf receives them when
  * the request completes with NCFSM_OK. Every rank posts it with the same len and root.
@@ -208,7 +208,7 @@ int ncfsm_boot_root_of(int size, int nroots, int j);
 ncfsm_result_t ncfsm_boot_bcast_roots_post(ncfsm_boot *b, void *buf, size_t len, int nroots,
                                            ncfsm_boot_req **req);
 
-/* ---- Channels (issue 21) -----------------------------------------------------------------
+/* ---- Channels ----------------------------------------------------------------------------
  * An independent ordered stream of collectives among some ranks of a bootstrap
  * (docs/bootstrap.md, "Channels"). Every collective of b ("in the same order on every rank")
  * is ordered with b's other collectives; a channel's are ordered only with that channel's: a
@@ -245,7 +245,7 @@ ncfsm_result_t ncfsm_boot_channel_open(ncfsm_boot *b, const char *tag, const int
 /* The channel's tag; NULL for a bootstrap that is not a channel (or a bad handle). */
 const char *ncfsm_boot_channel_tag(const ncfsm_boot *b);
 
-/* ---- Notices (issue 21) ------------------------------------------------------------------
+/* ---- Notices -----------------------------------------------------------------------------
  * A best-effort, asynchronous broadcast of a small notice to every other rank of a bootstrap
  * or channel (docs/bootstrap.md, "Notices"): e.g. "comm 0x1f2e... failed at seq 200 on rank 1,
  * cause NCFSM_ERR_MISMATCH". Notices are not ordered with collectives, need no matching call

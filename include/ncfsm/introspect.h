@@ -1,5 +1,5 @@
 /*
- * Introspection of a loop without a debugger (issue 16): a snapshot of every
+ * Introspection of a loop without a debugger: a snapshot of every
  * communicator as JSON (jansson) and the loop's counters in the Prometheus
  * text exposition format. No HTTP here: http/ serves these (ncfsm_http), and
  * an application may print or log them itself. docs/service.md describes

@@ -41,7 +41,8 @@ typedef enum ncfsm_result {
 const char *ncfsm_err_name(ncfsm_result_t r);
 /* One-line description of the code; never NULL. */
 const char *ncfsm_strerror(ncfsm_result_t r);
-/* Why the last ncfsm call of the calling thread that failed failed: the
+/* Nonblocking, any thread, changes no state. Why the last ncfsm call of
+ * the calling thread that failed failed: the
  * state, the call and what to do (for a refused call), the variable and
  * the accepted values (for a setting), the peer (for a bootstrap). One
  * place for every object, kept per thread like errno: read it right after
