@@ -1,8 +1,8 @@
 /* docs/tutorial/errors.c: errors and the watchdog (docs/tutorial.md,
  * "Errors and the watchdog"). A rank that skips a collective leaves its
  * peer's work hanging until the watchdog's deadline: the work fails with
- * NCFSM_ERR_TIMEOUT and the error policy (default: abort) closes that
- * communicator. Then an asynchronous error of the backend with the policy
+ * NCFSM_ERR_TIMEOUT, the other rank's comm fails with it (NCFSM_ERR_PEER)
+ * and the error policy (default: abort) closes both. Then an asynchronous error of the backend with the policy
  * NCFSM_ON_ERROR_STAY: the communicator waits in ERROR for the program. */
 #include "tutorial.h"
 
@@ -43,11 +43,11 @@ int main(void) {
                       NULL, NULL));
   TRY(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT));   /* until the watchdog ends it */
   printf("rank 0 failed: %s\n", ncfsm_comm_failure(comm[0]));
-  printf("rank 1 is %s\n", ncfsm_state_name(ncfsm_comm_state(comm[1])));
-  TRY(ncfsm_comm_abort(comm[1]));   /* blocking: its peer is gone, do not finalize */
+  /* rank 1 was told (verification, on by default): its comm failed too, naming rank 0 */
+  printf("rank 1 is %s: %s\n", ncfsm_state_name(ncfsm_comm_state(comm[1])), ncfsm_comm_failure(comm[1]));
   for (int r = 0; r < NRANKS; r++) {
     TRY(ncfsm_mem_free(comm[r], buf[r]));
-    TRY(ncfsm_comm_release(comm[r]));   /* both are CLOSED */
+    TRY(ncfsm_comm_release(comm[r]));   /* both are CLOSED: the default policy aborted them */
   }
   /* [/watchdog] */
 
