@@ -199,6 +199,10 @@ size_t ncfsm__notice_encode(const ncfsm_boot_notice *n, uint8_t *out);
 int ncfsm__notice_decode(const uint8_t *buf, size_t len, ncfsm_boot_notice *n);
 /* The channel b's index of rank r of its parent, or -1. */
 int ncfsm__boot_chan_index(const ncfsm_boot *b, int r);
+/* boot_channel.c: NCFSM_ERR_UNSUPPORTED with call's reason in b's last error: recovery on a
+ * bootstrap without it (pmix), or agreements and survivors on a channel. */
+ncfsm_result_t ncfsm__boot_unsupported(ncfsm_boot *b, const char *call);
+ncfsm_result_t ncfsm__boot_on_channel(ncfsm_boot *b, const char *call);
 /* boot_channel.c: take the channel b out of its parent's list (at its close). */
 void ncfsm__boot_chan_unlink(ncfsm_boot *b);
 /* Mark the channel failed (sticky: the first status stays) and tell ncfsm_boot_on_failed's

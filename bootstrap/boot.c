@@ -497,38 +497,13 @@ ncfsm_result_t ncfsm_boot_bcast(ncfsm_boot *b, void *buf, size_t len, int root) 
   return run_until_done(b, req);
 }
 
-/* ---- recovery ---------------------------------------------------------------- */
-
-static ncfsm_result_t unsupported(ncfsm_boot *b, const char *call) {
-  ncfsm__boot_seterr(b, "%s: %s", call,
-                     b->ops->no_recovery ? b->ops->no_recovery
-                                         : "not supported by this bootstrap");
-  return NCFSM_ERR_UNSUPPORTED;
-}
-
-static ncfsm_result_t on_channel(ncfsm_boot *b, const char *call) {
-  ncfsm__boot_seterr(b, "%s on channel '%s': a channel has no agreements or survivors' bootstraps of "
-                        "its own; make them on the bootstrap it was opened from",
-                     call, b->chan_tag);
-  return NCFSM_ERR_UNSUPPORTED;
-}
-
-ncfsm_result_t ncfsm_boot_on_peer_lost(ncfsm_boot *b, ncfsm_boot_lost_cb cb, void *arg) {
-  if (!BOOT_OK(b)) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_on_peer_lost");
-  b->lost_cb = cb;
-  b->lost_arg = arg;
-  if (b->lost)
-    for (int r = 0; r < b->size; r++) b->lost[r] &= (uint8_t)~NCFSM__LOST_TOLD;
-  if (cb && b->lost) event_active(b->lost_ev, 0, 0);
-  return NCFSM_OK;
-}
+/* ---- recovery (peer loss: boot_notify.c; agreement results, survivors: boot_channel.c) ---- */
 
 ncfsm_result_t ncfsm_boot_agree_post(ncfsm_boot *b, uint64_t epoch, ncfsm_boot_req **out) {
   if (out) *out = NULL;
   if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_agree_post");
-  if (b->chan_tag) return on_channel(b, "ncfsm_boot_agree_post");
+  if (!b->ops->agree_post) return ncfsm__boot_unsupported(b, "ncfsm_boot_agree_post");
+  if (b->chan_tag) return ncfsm__boot_on_channel(b, "ncfsm_boot_agree_post");
   if (epoch == 0 || epoch <= b->agree_last) {
     ncfsm__boot_seterr(b, "ncfsm_boot_agree_post: epoch %" PRIu64 " must be above 0 and above the "
                           "last epoch posted on this bootstrap (%" PRIu64 "); every live rank posts "
@@ -555,69 +530,6 @@ ncfsm_result_t ncfsm_boot_agree_post(ncfsm_boot *b, uint64_t epoch, ncfsm_boot_r
   b->agree_req = req;
   b->live_reqs++;
   *out = req;
-  return NCFSM_OK;
-}
-
-ncfsm_result_t ncfsm_boot_agree_result(ncfsm_boot_req *req, uint8_t *alive, int *nalive) {
-  if (!req || req->magic != NCFSM__BOOT_REQ_MAGIC || req->kind != NCFSM__REQ_AGREE)
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  if (req->status != NCFSM_OK) return req->status;
-  if (alive) memcpy(alive, req->alive, (size_t)req->b->size);
-  if (nalive) *nalive = req->nalive;
-  return NCFSM_OK;
-}
-
-ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm_boot **out) {
-  if (out) *out = NULL;
-  if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (!b->ops->survivors) return unsupported(b, "ncfsm_boot_survivors");
-  if (b->chan_tag) return on_channel(b, "ncfsm_boot_survivors");
-  if (!agreed || agreed->magic != NCFSM__BOOT_REQ_MAGIC || agreed->kind != NCFSM__REQ_AGREE ||
-      agreed->b != b) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the request is not an agreement of this bootstrap "
-                          "(pass the request of ncfsm_boot_agree_post on it)");
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
-  if (agreed->status != NCFSM_OK) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: agreement epoch %" PRIu64 " %s; wait until it "
-                          "completes with NCFSM_OK",
-                       agreed->epoch, agreed->status == NCFSM_ERR_AGAIN ? "has not finished"
-                                                                        : "failed");
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
-  if (agreed->child_made) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the survivors' bootstrap of agreement epoch %" PRIu64
-                          " was made already (one per agreement)",
-                       agreed->epoch);
-    return NCFSM_ERR_BUSY;
-  }
-  if (!agreed->alive[b->rank]) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: rank %d is not in agreement epoch %" PRIu64
-                          " (the store counted it as lost)",
-                       b->rank, agreed->epoch);
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
-  ncfsm_boot *c = ncfsm__boot_shell_new(b->base, b->ops, b->kind);
-  if (!c) return NCFSM_ERR_NO_MEMORY;
-  c->rank = 0;
-  for (int r = 0; r < b->rank; r++) c->rank += agreed->alive[r] ? 1 : 0;
-  c->size = agreed->nalive;
-  c->local_rank = b->local_rank;
-  c->local_size = b->local_size;
-  c->timeout_ms = b->timeout_ms;
-  c->parent = b;
-  ncfsm_result_t r = b->ops->survivors(b, agreed, c);
-  if (r != NCFSM_OK) {
-    ncfsm__boot_seterr(b, "%s", c->err);
-    ncfsm__boot_shell_free(c);
-    return r;
-  }
-  agreed->child_made = 1;
-  b->children++;
-  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s: survivors of epoch %" PRIu64 ": rank %d of %d "
-                              "(was %d of %d)",
-             b->ops->name, agreed->epoch, c->rank, c->size, b->rank, b->size);
-  *out = c;
   return NCFSM_OK;
 }
 
