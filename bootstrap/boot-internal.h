@@ -163,6 +163,11 @@ extern const ncfsm__boot_ops ncfsm__boot_tcp_ops;
 extern const ncfsm__boot_ops ncfsm__boot_pmix_ops;
 #endif
 
+/* An NCFSM_STORE_*, NCFSM_BOOTSTRAP_* or NCFSM_LOCAL_* variable in the environment that is not a
+ * row of the settings table (a misspelling): 0 when there is none, else -1 with a message that
+ * names it (not its value: it may be a secret) and the rows like it. boot.c. */
+int ncfsm__boot_env_unknown(char *err, size_t n);
+
 /* Write the handle's last error (and log it at WARN). */
 void ncfsm__boot_seterr(ncfsm_boot *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));

@@ -9,7 +9,8 @@
  * (docs/bootstrap.md, "Limits"; channels and notices: "Channels", "Notices")
  * come from NCFSM_STORE_* and then from the flags, both in the ranges of the
  * settings table (core/settings.def). Stops on SIGINT/SIGTERM and then exits
- * 0. Exit status 2 for a bad argument or a variable the table refuses, 1 when the store cannot start (no
+ * 0. Exit status 2 for a bad argument or a variable the table refuses (or an
+ * NCFSM_STORE_* that is not a setting), 1 when the store cannot start (no
  * token, an address without a port or with one past 65535, a non-loopback
  * address without --allow-remote, the port is taken).
  */
@@ -21,6 +22,7 @@
 
 #include <event2/event.h>
 
+#include "bootstrap/boot-internal.h"
 #include "bootstrap/tcp-internal.h"
 #include "ncfsm/bootstrap.h"
 #include "core/log.h"
@@ -69,11 +71,12 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   event_base_loopexit(arg, NULL);
 }
 
-/* Why the environment cannot be taken (into err), or NULL: a value of NCFSM_STORE_ADDR,
- * NCFSM_STORE_TOKEN or the store's rows that the table refuses. */
+/* Why the environment cannot be taken (into err), or NULL: an unknown NCFSM_STORE_* name, or a
+ * value of NCFSM_STORE_ADDR, NCFSM_STORE_TOKEN or the store's rows that the table refuses. */
 static const char *env_refused(ncfsm__store_opts *o, char *err, size_t n) {
   ncfsm__setting_val addr, token;
-  if (ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_STORE_ADDR], &addr, err, n) ||
+  if (ncfsm__boot_env_unknown(err, n) ||
+      ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_STORE_ADDR], &addr, err, n) ||
       ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_STORE_TOKEN], &token, err, n) ||
       ncfsm__store_opts_from_env(o, err, n))
     return err;
