@@ -92,9 +92,9 @@ int ncfsm__boot_env_unknown(char *err, size_t n) {
     if (ncfsm__setting_find(name)) continue;
     char like[300];
     alike(name, name + pl, like, sizeof like);
-    snprintf(err, n, "%s is set but is not a setting of ncfsm (its value is not shown)%s%s%s; unset it "
-                     "or correct its name (every variable: docs/settings.md, or ncfsm-info)",
-             name, like[0] ? "; did you mean " : "", like, like[0] ? "?" : "");
+    snprintf(err, n, "%s is set but is not a setting of ncfsm (its value is not shown)%s%s%s it or "
+                     "correct its name (every variable: docs/settings.md, or ncfsm-info)",
+             name, like[0] ? "; did you mean " : "", like, like[0] ? "? Unset" : "; unset");
     return -1;
   }
   return 0;
