@@ -164,6 +164,11 @@ extern const ncfsm__boot_ops ncfsm__boot_tcp_ops;
 extern const ncfsm__boot_ops ncfsm__boot_pmix_ops;
 #endif
 
+/* An NCFSM_STORE_*, NCFSM_BOOTSTRAP_* or NCFSM_LOCAL_* variable in the environment that is not a
+ * row of the settings table (a misspelling): 0 when there is none, else -1 with a message that
+ * names it (not its value: it may be a secret) and the rows like it. boot.c. */
+int ncfsm__boot_env_unknown(char *err, size_t n);
+
 /* Write the handle's last error (and log it at WARN). */
 void ncfsm__boot_seterr(ncfsm_boot *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ncfsm__boot_vseterr(ncfsm_boot *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
@@ -200,6 +205,10 @@ size_t ncfsm__notice_encode(const ncfsm_boot_notice *n, uint8_t *out);
 int ncfsm__notice_decode(const uint8_t *buf, size_t len, ncfsm_boot_notice *n);
 /* The channel b's index of rank r of its parent, or -1. */
 int ncfsm__boot_chan_index(const ncfsm_boot *b, int r);
+/* boot_channel.c: NCFSM_ERR_UNSUPPORTED with call's reason in b's last error: recovery on a
+ * bootstrap without it (pmix), or agreements and survivors on a channel. */
+ncfsm_result_t ncfsm__boot_unsupported(ncfsm_boot *b, const char *call);
+ncfsm_result_t ncfsm__boot_on_channel(ncfsm_boot *b, const char *call);
 /* boot_channel.c: take the channel b out of its parent's list (at its close). */
 void ncfsm__boot_chan_unlink(ncfsm_boot *b);
 /* b or a channel of it has a request out (its parent cannot close it). */

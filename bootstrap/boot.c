@@ -1,6 +1,8 @@
 /*
- * Bootstrap dispatch: picks the implementation, owns the request lifecycle
- * (wake event, timeout timer, done callback) and the last-error string.
+ * Bootstrap dispatch: reads the environment through the settings table (and
+ * refuses what it does not accept), picks the implementation, owns the request
+ * lifecycle (wake event, timeout timer, done callback) and the last-error
+ * string.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -13,6 +15,7 @@
 
 #include "bootstrap/boot-internal.h"
 #include "core/backend.h"
+#include "core/settings.h"
 #include "bootstrap/secret.h"
 
 static _Thread_local char open_err[NCFSM__BOOT_ERRLEN];
@@ -29,25 +32,128 @@ const char *ncfsm_boot_kind_name(ncfsm_boot_kind_t k) {
   return "unknown";
 }
 
-void ncfsm_boot_opts_init(ncfsm_boot_opts *o) {
-  ncfsm__log_init();
-  memset(o, 0, sizeof *o);
-  o->kind = NCFSM_BOOT_AUTO;
-  const char *k = ncfsm__env_str("NCFSM_BOOTSTRAP", "auto");
-  if (!strcasecmp(k, "pmix")) o->kind = NCFSM_BOOT_PMIX;
-  else if (!strcasecmp(k, "tcp")) o->kind = NCFSM_BOOT_TCP;
-  else if (!strcasecmp(k, "local")) o->kind = NCFSM_BOOT_LOCAL;
-  else if (strcasecmp(k, "auto"))
-    NCFSM_WARN(NCFSM__SUB_BOOT, "NCFSM_BOOTSTRAP=%s is not one of auto|pmix|tcp|local; using auto", k);
-  o->store_addr = ncfsm__env_str("NCFSM_STORE_ADDR", NULL);
-  o->token = ncfsm__env_str("NCFSM_STORE_TOKEN", NULL);
-  o->rank = (int)ncfsm__env_ll("NCFSM_RANK", 0);
-  o->size = (int)ncfsm__env_ll("NCFSM_WORLD_SIZE", 1);
-  o->host_store = ncfsm__env_ll("NCFSM_STORE_HOST", 0) != 0;
-  o->timeout_ms = (uint64_t)ncfsm__env_ll("NCFSM_BOOTSTRAP_TIMEOUT_MS", 60000);
-  o->local_group = ncfsm__env_str("NCFSM_LOCAL_GROUP", "default");
-  o->store_value_max = (size_t)ncfsm__env_ll("NCFSM_STORE_VALUE_MAX", 1 << 20);
-  o->rank_secret = ncfsm__env_str("NCFSM_STORE_RANK_SECRET", NULL);
+/* ---- the environment, through the settings table (core/settings.def) ---------------------- */
+
+/* Every field from the table: a bad value is logged and its default kept (ncfsm_boot_open then
+ * refuses it: ncfsm__boot_env_check). */
+void ncfsm_boot_opts_init(ncfsm_boot_opts *o) { (void)ncfsm__boot_opts_fill(o); }
+
+extern char **environ;
+
+/* The bootstrap's and the store's names: a variable with one of these prefixes that is not a
+ * row of the table is a misspelling (or a setting that does not exist). */
+static const char *const own_prefixes[] = {"NCFSM_STORE_", "NCFSM_BOOTSTRAP_", "NCFSM_LOCAL_"};
+
+/* The edit distance of a and b, up to 3 (3: three or more). */
+static int edits(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 63 || lb > 63 || (la > lb ? la - lb : lb - la) > 2) return 3;
+  int d[64][64];
+  for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= la; i++)
+    for (size_t j = 1; j <= lb; j++) {
+      int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      d[i][j] = best;
+    }
+  return d[la][lb] < 3 ? d[la][lb] : 3;
+}
+
+/* The bootstrap's and the store's variables like name (tail: its part after the prefix): those
+ * that contain tail, or are at most 2 letters from name; "A, B or C" into buf. */
+static void alike(const char *name, const char *tail, char *buf, size_t n) {
+  const char *hit[8];
+  int k = 0;
+  for (int i = 0; i < NCFSM__SET_COUNT && k < 8; i++) {
+    const ncfsm__setting *s = &ncfsm__settings[i];
+    if (!s->env || s->src != NCFSM__SRC_ENV || (s->subsys != NCFSM__SS_BOOT && s->subsys != NCFSM__SS_STORE))
+      continue;
+    if ((strlen(tail) >= 3 && strstr(s->env, tail)) || edits(s->env, name) < 3) hit[k++] = s->env;
+  }
+  size_t off = 0;
+  buf[0] = 0;
+  for (int i = 0; i < k && off < n; i++)
+    off += (size_t)snprintf(buf + off, n - off, "%s%s", i == 0 ? "" : i == k - 1 ? " or " : ", ", hit[i]);
+}
+
+int ncfsm__boot_env_unknown(char *err, size_t n) {
+  for (char **e = environ; e && *e; e++) {
+    const char *eq = strchr(*e, '=');
+    size_t len = eq ? (size_t)(eq - *e) : 0, pl = 0;
+    for (size_t p = 0; p < sizeof own_prefixes / sizeof own_prefixes[0] && !pl; p++)
+      if (len > strlen(own_prefixes[p]) && !strncmp(*e, own_prefixes[p], strlen(own_prefixes[p])))
+        pl = strlen(own_prefixes[p]);
+    char name[96];
+    if (!pl || len >= sizeof name) continue;
+    memcpy(name, *e, len);
+    name[len] = 0;
+    if (ncfsm__setting_find(name)) continue;
+    char like[300];
+    alike(name, name + pl, like, sizeof like);
+    snprintf(err, n, "%s is set but is not a setting of ncfsm (its value is not shown)%s%s%s it or "
+                     "correct its name (every variable: docs/settings.md, or ncfsm-info)",
+             name, like[0] ? "; did you mean " : "", like, like[0] ? "? Unset" : "; unset");
+    return -1;
+  }
+  return 0;
+}
+
+/* Every variable ncfsm_boot_opts_init reads, and the names of the bootstrap and the store:
+ * NCFSM_OK, or NCFSM_ERR_INVALID_ARGUMENT with the table's message. */
+static ncfsm_result_t env_check(char *err, size_t n) {
+  if (ncfsm__boot_env_unknown(err, n)) return NCFSM_ERR_INVALID_ARGUMENT;
+  for (int i = 0; i < NCFSM__SET_COUNT; i++) {
+    const ncfsm__setting *s = &ncfsm__settings[i];
+    ncfsm__setting_val v;
+    if (s->subsys == NCFSM__SS_BOOT && s->src == NCFSM__SRC_ENV && ncfsm__setting_get(s, &v, err, n))
+      return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  return NCFSM_OK;
+}
+
+/* auto with neither PMIx nor a store: an error when the launcher started more than one task
+ * (each would run alone as rank 0 of 1). */
+static ncfsm_result_t launched_alone(char *err, size_t n) {
+  static const ncfsm__setting_id tasks[] = {NCFSM__SET_SLURM_NTASKS, NCFSM__SET_OMPI_COMM_WORLD_SIZE,
+                                            NCFSM__SET_PMI_SIZE};
+  char set[160] = "";
+  size_t off = 0;
+  uint64_t most = 0;
+  for (size_t i = 0; i < sizeof tasks / sizeof tasks[0]; i++) {
+    const ncfsm__setting *s = &ncfsm__settings[tasks[i]];
+    ncfsm__setting_val v;
+    if (ncfsm__setting_get(s, &v, err, n)) return NCFSM_ERR_INVALID_ARGUMENT;
+    if (!v.s || v.u < 2 || off >= sizeof set) continue;
+    off += (size_t)snprintf(set + off, sizeof set - off, "%s%s=%s", off ? ", " : "", s->env, v.s);
+    if (v.u > most) most = v.u;
+  }
+  if (!most) return NCFSM_OK;
+  snprintf(err, n, "launched as %" PRIu64 " tasks (%s), but NCFSM_BOOTSTRAP=auto finds no PMIx (PMIX_RANK "
+                   "is not set) and no store (NCFSM_STORE_ADDR is unset): each task would run alone. "
+                   "Launch with srun --mpi=pmix or mpirun; or set NCFSM_BOOTSTRAP=tcp, NCFSM_STORE_ADDR, "
+                   "NCFSM_RANK and NCFSM_WORLD_SIZE; or NCFSM_BOOTSTRAP=local to run each task alone",
+           most, set);
+  return NCFSM_ERR_BOOTSTRAP;
+}
+
+/* auto: pmix when PMIX_RANK is set, else tcp when there is a store address, else local (unless
+ * launched as several tasks). */
+static ncfsm_result_t pick_kind(const ncfsm_boot_opts *o, ncfsm_boot_kind_t *kind, char *err, size_t n) {
+  *kind = o->kind;
+  if (o->kind != NCFSM_BOOT_AUTO) return NCFSM_OK;
+  ncfsm__setting_val pr;
+  if (ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_PMIX_RANK], &pr, err, n) == 0 && pr.s) {
+    *kind = NCFSM_BOOT_PMIX;
+    return NCFSM_OK;
+  }
+  if (o->store_addr && *o->store_addr) {
+    *kind = NCFSM_BOOT_TCP;
+    return NCFSM_OK;
+  }
+  *kind = NCFSM_BOOT_LOCAL;
+  return launched_alone(err, n);
 }
 
 ncfsm_result_t ncfsm_boot_rank_secret(const char *token, int rank, int size, char out[65]) {
@@ -79,14 +185,6 @@ ncfsm_result_t ncfsm__boot_fail(ncfsm_boot *b, ncfsm_result_t st, const char *fm
   va_end(ap);
   ncfsm__boot_set_failed(b, st);
   return st;
-}
-
-static ncfsm_boot_kind_t pick_kind(const ncfsm_boot_opts *o) {
-  if (o->kind != NCFSM_BOOT_AUTO) return o->kind;
-  const char *pr = getenv("PMIX_RANK");
-  if (pr && *pr) return NCFSM_BOOT_PMIX;
-  if (o->store_addr && *o->store_addr) return NCFSM_BOOT_TCP;
-  return NCFSM_BOOT_LOCAL;
 }
 
 ncfsm_boot *ncfsm__boot_shell_new(struct event_base *base, const ncfsm__boot_ops *ops,
@@ -127,22 +225,37 @@ void ncfsm__boot_shell_free(ncfsm_boot *b) {
   free(b);
 }
 
+/* ncfsm_boot_open fails with r: the reason is this thread's open error and last error (and,
+ * with warn, a WARN: an implementation's own error was logged by ncfsm__boot_seterr). */
+static ncfsm_result_t open_failed(ncfsm_result_t r, int warn, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ncfsm_result_t open_failed(ncfsm_result_t r, int warn, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(open_err, sizeof open_err, fmt, ap);
+  va_end(ap);
+  ncfsm__last_error_set(open_err);
+  if (warn) NCFSM_WARN(NCFSM__SUB_BOOT, "ncfsm_boot_open: %s", open_err);
+  return r;
+}
+
 ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *opts,
                                ncfsm_boot **out) {
   ncfsm__log_init();
   open_err[0] = 0;
   if (out) *out = NULL;
-  if (!base || !out) {
-    snprintf(open_err, sizeof open_err, "ncfsm_boot_open: base and out must not be NULL");
-    ncfsm__last_error_set(open_err);
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
+  if (!base || !out)
+    return open_failed(NCFSM_ERR_INVALID_ARGUMENT, 0, "ncfsm_boot_open: base and out must not be NULL");
   ncfsm_boot_opts dflt;
   if (!opts) {
     ncfsm_boot_opts_init(&dflt);
     opts = &dflt;
   }
-  ncfsm_boot_kind_t kind = pick_kind(opts);
+  char err[NCFSM__BOOT_ERRLEN];
+  ncfsm_boot_kind_t kind = NCFSM_BOOT_AUTO;
+  ncfsm_result_t r = env_check(err, sizeof err);
+  if (r == NCFSM_OK) r = pick_kind(opts, &kind, err, sizeof err);
+  if (r != NCFSM_OK) return open_failed(r, 1, "%s", err);
   const ncfsm__boot_ops *ops = NULL;
   switch (kind) {
   case NCFSM_BOOT_LOCAL: ops = &ncfsm__boot_local_ops; break;
@@ -154,30 +267,20 @@ ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *o
     break;
   default: break;
   }
-  if (!ops) {
-    snprintf(open_err, sizeof open_err,
-             "bootstrap %s is not built in (PMIx was not found at configure time): set "
-             "NCFSM_BOOTSTRAP=tcp with NCFSM_STORE_ADDR, or rebuild with libpmix-dev",
-             ncfsm_boot_kind_name(kind));
-    ncfsm__last_error_set(open_err);
-    NCFSM_WARN(NCFSM__SUB_BOOT, "%s", open_err);
-    return NCFSM_ERR_UNSUPPORTED;
-  }
+  if (!ops)
+    return open_failed(NCFSM_ERR_UNSUPPORTED, 1,
+                       "bootstrap %s is not built in (PMIx was not found at configure time): set "
+                       "NCFSM_BOOTSTRAP=tcp with NCFSM_STORE_ADDR, or rebuild with libpmix-dev",
+                       ncfsm_boot_kind_name(kind));
   ncfsm_boot *b = ncfsm__boot_shell_new(base, ops, kind);
-  if (!b) {
-    snprintf(open_err, sizeof open_err, "ncfsm_boot_open: out of memory");
-    ncfsm__last_error_set(open_err);
-    return NCFSM_ERR_NO_MEMORY;
-  }
+  if (!b) return open_failed(NCFSM_ERR_NO_MEMORY, 0, "ncfsm_boot_open: out of memory");
   b->rank = opts->rank;
   b->size = opts->size;
   b->local_rank = opts->rank;
   b->local_size = opts->size;
   b->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 60000;
-  ncfsm_result_t r = ops->open(b, opts);
-  if (r != NCFSM_OK) {
-    snprintf(open_err, sizeof open_err, "%s", b->err[0] ? b->err : ncfsm_strerror(r));
-    ncfsm__last_error_set(open_err);
+  if ((r = ops->open(b, opts)) != NCFSM_OK) {
+    open_failed(r, 0, "%s", b->err[0] ? b->err : ncfsm_strerror(r));
     ncfsm__boot_shell_free(b);
     return r;
   }
@@ -501,38 +604,13 @@ ncfsm_result_t ncfsm_boot_bcast(ncfsm_boot *b, void *buf, size_t len, int root) 
   return run_until_done(b, req);
 }
 
-/* ---- recovery ---------------------------------------------------------------- */
-
-static ncfsm_result_t unsupported(ncfsm_boot *b, const char *call) {
-  ncfsm__boot_seterr(b, "%s: %s", call,
-                     b->ops->no_recovery ? b->ops->no_recovery
-                                         : "not supported by this bootstrap");
-  return NCFSM_ERR_UNSUPPORTED;
-}
-
-static ncfsm_result_t on_channel(ncfsm_boot *b, const char *call) {
-  ncfsm__boot_seterr(b, "%s on channel '%s': a channel has no agreements or survivors' bootstraps of "
-                        "its own; make them on the bootstrap it was opened from",
-                     call, b->chan_tag);
-  return NCFSM_ERR_UNSUPPORTED;
-}
-
-ncfsm_result_t ncfsm_boot_on_peer_lost(ncfsm_boot *b, ncfsm_boot_lost_cb cb, void *arg) {
-  if (!BOOT_OK(b)) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_on_peer_lost");
-  b->lost_cb = cb;
-  b->lost_arg = arg;
-  if (b->lost)
-    for (int r = 0; r < b->size; r++) b->lost[r] &= (uint8_t)~NCFSM__LOST_TOLD;
-  if (cb && b->lost) event_active(b->lost_ev, 0, 0);
-  return NCFSM_OK;
-}
+/* ---- recovery (peer loss: boot_notify.c; agreement results, survivors: boot_channel.c) ---- */
 
 ncfsm_result_t ncfsm_boot_agree_post(ncfsm_boot *b, uint64_t epoch, ncfsm_boot_req **out) {
   if (out) *out = NULL;
   if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (!b->ops->agree_post) return unsupported(b, "ncfsm_boot_agree_post");
-  if (b->chan_tag) return on_channel(b, "ncfsm_boot_agree_post");
+  if (!b->ops->agree_post) return ncfsm__boot_unsupported(b, "ncfsm_boot_agree_post");
+  if (b->chan_tag) return ncfsm__boot_on_channel(b, "ncfsm_boot_agree_post");
   if (epoch == 0 || epoch <= b->agree_last) {
     ncfsm__boot_seterr(b, "ncfsm_boot_agree_post: epoch %" PRIu64 " must be above 0 and above the "
                           "last epoch posted on this bootstrap (%" PRIu64 "); every live rank posts "
@@ -559,69 +637,6 @@ ncfsm_result_t ncfsm_boot_agree_post(ncfsm_boot *b, uint64_t epoch, ncfsm_boot_r
   b->agree_req = req;
   b->live_reqs++;
   *out = req;
-  return NCFSM_OK;
-}
-
-ncfsm_result_t ncfsm_boot_agree_result(ncfsm_boot_req *req, uint8_t *alive, int *nalive) {
-  if (!req || req->magic != NCFSM__BOOT_REQ_MAGIC || req->kind != NCFSM__REQ_AGREE)
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  if (req->status != NCFSM_OK) return req->status;
-  if (alive) memcpy(alive, req->alive, (size_t)req->b->size);
-  if (nalive) *nalive = req->nalive;
-  return NCFSM_OK;
-}
-
-ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm_boot **out) {
-  if (out) *out = NULL;
-  if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
-  if (!b->ops->survivors) return unsupported(b, "ncfsm_boot_survivors");
-  if (b->chan_tag) return on_channel(b, "ncfsm_boot_survivors");
-  if (!agreed || agreed->magic != NCFSM__BOOT_REQ_MAGIC || agreed->kind != NCFSM__REQ_AGREE ||
-      agreed->b != b) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the request is not an agreement of this bootstrap "
-                          "(pass the request of ncfsm_boot_agree_post on it)");
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
-  if (agreed->status != NCFSM_OK) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: agreement epoch %" PRIu64 " %s; wait until it "
-                          "completes with NCFSM_OK",
-                       agreed->epoch, agreed->status == NCFSM_ERR_AGAIN ? "has not finished"
-                                                                        : "failed");
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
-  if (agreed->child_made) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the survivors' bootstrap of agreement epoch %" PRIu64
-                          " was made already (one per agreement)",
-                       agreed->epoch);
-    return NCFSM_ERR_BUSY;
-  }
-  if (!agreed->alive[b->rank]) {
-    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: rank %d is not in agreement epoch %" PRIu64
-                          " (the store counted it as lost)",
-                       b->rank, agreed->epoch);
-    return NCFSM_ERR_INVALID_ARGUMENT;
-  }
-  ncfsm_boot *c = ncfsm__boot_shell_new(b->base, b->ops, b->kind);
-  if (!c) return NCFSM_ERR_NO_MEMORY;
-  c->rank = 0;
-  for (int r = 0; r < b->rank; r++) c->rank += agreed->alive[r] ? 1 : 0;
-  c->size = agreed->nalive;
-  c->local_rank = b->local_rank;
-  c->local_size = b->local_size;
-  c->timeout_ms = b->timeout_ms;
-  c->parent = b;
-  ncfsm_result_t r = b->ops->survivors(b, agreed, c);
-  if (r != NCFSM_OK) {
-    ncfsm__boot_seterr(b, "%s", c->err);
-    ncfsm__boot_shell_free(c);
-    return r;
-  }
-  agreed->child_made = 1;
-  b->children++;
-  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s: survivors of epoch %" PRIu64 ": rank %d of %d "
-                              "(was %d of %d)",
-             b->ops->name, agreed->epoch, c->rank, c->size, b->rank, b->size);
-  *out = c;
   return NCFSM_OK;
 }
 

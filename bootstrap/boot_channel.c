@@ -1,10 +1,17 @@
 /*
+ * The bootstraps made from a bootstrap: channels and survivors' bootstraps.
+ *
  * Channels (docs/bootstrap.md, "Channels"): ncfsm_boot_channel_open checks the tag and the
  * members, makes the channel's handle (a bootstrap of its own whose rank i is members[i]) and
  * lets the implementation join it; the parent keeps a list of its open channels, closes them
  * with itself (ncfsm__boot_chan_orphan: refused while one has a request out), and passes its
  * peer-loss reports on to them (boot_notify.c).
+ *
+ * Survivors' bootstraps (docs/bootstrap.md, "Peer loss, agreement and the survivors'
+ * bootstrap"): an agreement's result (its request is boot.c's), and the bootstrap over the
+ * agreed ranks (ncfsm_boot_survivors).
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +194,85 @@ ncfsm_result_t ncfsm_boot_channel_open(ncfsm_boot *b, const char *tag, const int
   NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s: channel '%s' open: rank %d of %d (rank %d of %d of its "
                               "parent)",
              b->ops->name, tag, c->rank, c->size, b->rank, b->size);
+  *out = c;
+  return NCFSM_OK;
+}
+
+/* ---- survivors' bootstraps ------------------------------------------------------------- */
+
+ncfsm_result_t ncfsm__boot_unsupported(ncfsm_boot *b, const char *call) {
+  ncfsm__boot_seterr(b, "%s: %s", call,
+                     b->ops->no_recovery ? b->ops->no_recovery
+                                         : "not supported by this bootstrap");
+  return NCFSM_ERR_UNSUPPORTED;
+}
+
+ncfsm_result_t ncfsm__boot_on_channel(ncfsm_boot *b, const char *call) {
+  ncfsm__boot_seterr(b, "%s on channel '%s': a channel has no agreements or survivors' bootstraps of "
+                        "its own; make them on the bootstrap it was opened from",
+                     call, b->chan_tag);
+  return NCFSM_ERR_UNSUPPORTED;
+}
+
+ncfsm_result_t ncfsm_boot_agree_result(ncfsm_boot_req *req, uint8_t *alive, int *nalive) {
+  if (!req || req->magic != NCFSM__BOOT_REQ_MAGIC || req->kind != NCFSM__REQ_AGREE)
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  if (req->status != NCFSM_OK) return req->status;
+  if (alive) memcpy(alive, req->alive, (size_t)req->b->size);
+  if (nalive) *nalive = req->nalive;
+  return NCFSM_OK;
+}
+
+ncfsm_result_t ncfsm_boot_survivors(ncfsm_boot *b, ncfsm_boot_req *agreed, ncfsm_boot **out) {
+  if (out) *out = NULL;
+  if (!BOOT_OK(b) || !out) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!b->ops->survivors) return ncfsm__boot_unsupported(b, "ncfsm_boot_survivors");
+  if (b->chan_tag) return ncfsm__boot_on_channel(b, "ncfsm_boot_survivors");
+  if (!agreed || agreed->magic != NCFSM__BOOT_REQ_MAGIC || agreed->kind != NCFSM__REQ_AGREE ||
+      agreed->b != b) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the request is not an agreement of this bootstrap "
+                          "(pass the request of ncfsm_boot_agree_post on it)");
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (agreed->status != NCFSM_OK) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: agreement epoch %" PRIu64 " %s; wait until it "
+                          "completes with NCFSM_OK",
+                       agreed->epoch, agreed->status == NCFSM_ERR_AGAIN ? "has not finished"
+                                                                        : "failed");
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  if (agreed->child_made) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: the survivors' bootstrap of agreement epoch %" PRIu64
+                          " was made already (one per agreement)",
+                       agreed->epoch);
+    return NCFSM_ERR_BUSY;
+  }
+  if (!agreed->alive[b->rank]) {
+    ncfsm__boot_seterr(b, "ncfsm_boot_survivors: rank %d is not in agreement epoch %" PRIu64
+                          " (the store counted it as lost)",
+                       b->rank, agreed->epoch);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  ncfsm_boot *c = ncfsm__boot_shell_new(b->base, b->ops, b->kind);
+  if (!c) return NCFSM_ERR_NO_MEMORY;
+  c->rank = 0;
+  for (int r = 0; r < b->rank; r++) c->rank += agreed->alive[r] ? 1 : 0;
+  c->size = agreed->nalive;
+  c->local_rank = b->local_rank;
+  c->local_size = b->local_size;
+  c->timeout_ms = b->timeout_ms;
+  c->parent = b;
+  ncfsm_result_t r = b->ops->survivors(b, agreed, c);
+  if (r != NCFSM_OK) {
+    ncfsm__boot_seterr(b, "%s", c->err);
+    ncfsm__boot_shell_free(c);
+    return r;
+  }
+  agreed->child_made = 1;
+  b->children++;
+  NCFSM_INFO(NCFSM__SUB_BOOT, "bootstrap %s: survivors of epoch %" PRIu64 ": rank %d of %d "
+                              "(was %d of %d)",
+             b->ops->name, agreed->epoch, c->rank, c->size, b->rank, b->size);
   *out = c;
   return NCFSM_OK;
 }

@@ -1,6 +1,6 @@
 /*
- * Bootstrap notifications: a lost peer (ncfsm_boot_on_peer_lost's callback; passed on to
- * the channels it is a member of), the bootstrap's failure for good (ncfsm_boot_on_failed's),
+ * Bootstrap notifications: a lost peer (ncfsm_boot_on_peer_lost and its callback; passed on
+ * to the channels it is a member of), the bootstrap's failure for good (ncfsm_boot_on_failed's),
  * recorded on the loop thread, and the notices of other ranks (ncfsm_boot_on_notice's, queued
  * from any thread): all delivered from the base's dispatch.
  */
@@ -67,6 +67,17 @@ const char *ncfsm__boot_lost_why(const ncfsm_boot *b, int rank) {
   return b->lost_why[rank] ? b->lost_why[rank] : "lost";
 }
 
+
+ncfsm_result_t ncfsm_boot_on_peer_lost(ncfsm_boot *b, ncfsm_boot_lost_cb cb, void *arg) {
+  if (!b || b->magic != NCFSM__BOOT_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
+  if (!b->ops->agree_post) return ncfsm__boot_unsupported(b, "ncfsm_boot_on_peer_lost");
+  b->lost_cb = cb;
+  b->lost_arg = arg;
+  if (b->lost)
+    for (int r = 0; r < b->size; r++) b->lost[r] &= (uint8_t)~NCFSM__LOST_TOLD;
+  if (cb && b->lost) event_active(b->lost_ev, 0, 0);
+  return NCFSM_OK;
+}
 
 void ncfsm__boot_set_failed(ncfsm_boot *b, ncfsm_result_t st) {
   if (b->failed != NCFSM_OK || st == NCFSM_OK) return;

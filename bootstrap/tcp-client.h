@@ -64,6 +64,7 @@ typedef struct tcp_impl {
   ncfsm__frame_limits lim;
   ncfsm__hb *hb;           /* the heartbeat connection (tcp_heartbeat.c), once the HELLO was answered */
   struct event *hb_ev;     /* activated by the heartbeat thread when it failed */
+  int no_hb;               /* NCFSM_STORE_HEARTBEAT=0: open no heartbeat connection */
 } tcp_impl;
 
 /* tcp_client.c */

@@ -89,9 +89,21 @@ typedef struct ncfsm__store_stats {
 } ncfsm__store_stats;
 
 void ncfsm__store_opts_init(ncfsm__store_opts *o);
-/* Override o's limits from NCFSM_STORE_* (value max, max bytes, timeouts, ...;
- * docs/bootstrap.md lists them). Unset variables leave o as it is. */
+/* Override o's limits from NCFSM_STORE_* (value max, max bytes,
+ * timeouts, ...; docs/bootstrap.md lists them), each read strictly through the settings table:
+ * 0, or -1 at the first value the table refuses, with its message (the variable, the value,
+ * what is accepted, what to do) in err. Unset variables leave o as it is. */
+int ncfsm__store_opts_from_env(ncfsm__store_opts *o, char *err, size_t errlen);
+/* The same, a refused value logged (WARN) instead. */
 void ncfsm__store_opts_env(ncfsm__store_opts *o);
+/* ncfsm-store's flag of a store setting ("--max-conns", "--no-heartbeat", ...), or NULL. A
+ * flag with a value (every row but the BOOL ones) takes it in the row's range; its error names
+ * the flag, the value and the range. */
+typedef struct ncfsm__store_flag ncfsm__store_flag;
+const ncfsm__store_flag *ncfsm__store_flag_find(const char *flag);
+int ncfsm__store_flag_takes_value(const ncfsm__store_flag *f);
+int ncfsm__store_flag_set(ncfsm__store_opts *o, const ncfsm__store_flag *f, const char *value, char *err,
+                          size_t errlen);
 /* 0 on success; else -1 with the reason in err. */
 int ncfsm__store_open(struct event_base *base, const ncfsm__store_opts *o, ncfsm__store **out,
                       char *err, size_t errlen);

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -22,12 +23,36 @@ int ncfsm__ct_equal(const void *a, size_t alen, const void *b, size_t blen) {
   return d == 0;
 }
 
+/* The port of "host:port" / "[v6]:port": decimal digits, 0 to 65535. libevent and getaddrinfo
+ * take an address without a port (port 0: a random one) and a port past 65535 (cut to 16 bits:
+ * 99999 is 34463), so the port is checked here first. NULL, or the problem (into buf). */
+static const char *port_problem(const char *addr, char *buf, size_t n) {
+  const char *close = addr[0] == '[' ? strchr(addr, ']') : NULL;
+  const char *colon = close ? (close[1] == ':' ? close + 1 : NULL) : strrchr(addr, ':');
+  unsigned char ip[16];
+  if (!colon || (!close && memchr(addr, ':', (size_t)(colon - addr)))) { /* none, or a bare IPv6 */
+    if (!close && inet_pton(AF_INET, addr, ip) != 1 && inet_pton(AF_INET6, addr, ip) != 1)
+      snprintf(buf, n, "store address '%s' is not host:port", addr);
+    else
+      snprintf(buf, n, "store address '%s' has no port: write HOST:PORT, or [IPv6]:PORT (port 0 "
+                       "picks a free one)", addr);
+  } else if (!colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1))
+    snprintf(buf, n, "store address '%s': the port '%s' is not a number (HOST:PORT, PORT 0 to "
+                     "65535; 0 picks a free one)", addr, colon + 1);
+  else if (strlen(colon + 1) > 5 || atoi(colon + 1) > 65535)
+    snprintf(buf, n, "store address '%s': the port %s is past 65535 (HOST:PORT, PORT 0 to 65535; "
+                     "0 picks a free one)", addr, colon + 1);
+  else return NULL;
+  return buf;
+}
+
 int ncfsm__parse_addr(const char *addr, struct sockaddr *sa, int *salen, char *err, size_t errlen) {
   int len = *salen;
   if (!addr || !*addr) {
     snprintf(err, errlen, "empty store address: set NCFSM_STORE_ADDR=host:port");
     return -1;
   }
+  if (port_problem(addr, err, errlen)) return -1;
   if (evutil_parse_sockaddr_port(addr, sa, &len) == 0) {
     *salen = len;
     return 0;

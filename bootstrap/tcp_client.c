@@ -29,6 +29,7 @@
 #include "bootstrap/secret.h"
 #include "bootstrap/tcp-client.h"
 #include "bootstrap/tcp-internal.h"
+#include "core/settings.h"
 
 #define SUB NCFSM__SUB_BOOT
 
@@ -111,7 +112,7 @@ static void hb_failed_cb(evutil_socket_t fd, short what, void *arg) {
 /* The store answered the HELLO with its heartbeat (u32 heartbeat_ms, u32 silence_ms, u32
  * flags): open the heartbeat connection, unless NCFSM_STORE_HEARTBEAT=0. */
 static void hb_start(tcp_impl *t, const ncfsm__frame *f) {
-  if (f->vlen != 12 || t->hb || ncfsm__env_ll("NCFSM_STORE_HEARTBEAT", 1) == 0) return;
+  if (f->vlen != 12 || t->hb || t->no_hb) return;
   uint32_t hb_ms = ncfsm__rd32(f->value), silence_ms = ncfsm__rd32(f->value + 4);
   if (!hb_ms || !silence_ms) return;
   if (!ncfsm__hb_can_wake()) {
@@ -307,7 +308,27 @@ static void tcp_connect(tcp_impl *t) {
   }
 }
 
+/* The settings a rank reads at open (core/settings.def), strictly: NCFSM_STORE_HEARTBEAT,
+ * NCFSM_LOCAL_RANK, NCFSM_LOCAL_WORLD_SIZE. */
+static ncfsm_result_t rank_settings(ncfsm_boot *b, const ncfsm_boot_opts *o, int *no_hb) {
+  ncfsm__setting_val hb, lr, ls;
+  char err[400];
+  if (ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_STORE_HEARTBEAT], &hb, err, sizeof err) ||
+      ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_LOCAL_RANK], &lr, err, sizeof err) ||
+      ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_LOCAL_WORLD_SIZE], &ls, err, sizeof err)) {
+    ncfsm__boot_seterr(b, "tcp bootstrap: %s", err);
+    return NCFSM_ERR_INVALID_ARGUMENT;
+  }
+  *no_hb = hb.u == 0;
+  b->local_rank = lr.s ? (int)lr.i : o->rank;
+  b->local_size = ls.s ? (int)ls.i : o->size;
+  return NCFSM_OK;
+}
+
 static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
+  int no_hb = 0;
+  ncfsm_result_t r = rank_settings(b, o, &no_hb);
+  if (r != NCFSM_OK) return r;
   if (o->size < 1 || o->rank < 0 || o->rank >= o->size) {
     ncfsm__boot_seterr(b, "tcp bootstrap: rank %d / size %d invalid: set NCFSM_RANK and "
                           "NCFSM_WORLD_SIZE (0 <= rank < size)",
@@ -344,6 +365,7 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   tcp_impl *t = calloc(1, sizeof *t);
   if (!t) return NCFSM_ERR_NO_MEMORY;
   t->b = b;
+  t->no_hb = no_hb;
   t->root.t = t;
   t->root.b = b;
   snprintf(t->root.path, sizeof t->root.path, "@");
@@ -369,7 +391,11 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
   if (o->host_store && o->rank == 0) {
     ncfsm__store_opts so;
     ncfsm__store_opts_init(&so);
-    ncfsm__store_opts_env(&so); /* the NCFSM_STORE_* limits */
+    if (ncfsm__store_opts_from_env(&so, err, sizeof err) != 0) { /* the NCFSM_STORE_* limits */
+      ncfsm__boot_seterr(b, "rank 0 cannot host the store: %s", err);
+      r = NCFSM_ERR_INVALID_ARGUMENT;
+      goto fail;
+    }
     so.listen = t->addr;
     so.token = o->token;
     so.world_size = (uint32_t)o->size; /* rank 0 knows the job's size: no HELLO can claim another */
@@ -386,6 +412,7 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
     }
     if (ncfsm__store_open(b->base, &so, &t->hosted, err, sizeof err) != 0) {
       ncfsm__boot_seterr(b, "rank 0 cannot host the store: %s", err);
+      r = NCFSM_ERR_BOOTSTRAP;
       goto fail;
     }
     int port = ncfsm__store_port(t->hosted);
@@ -394,14 +421,13 @@ static ncfsm_result_t tcp_open(ncfsm_boot *b, const ncfsm_boot_opts *o) {
     char *colon = strrchr(t->addr, ':');
     if (colon) snprintf(colon + 1, sizeof t->addr - (size_t)(colon + 1 - t->addr), "%d", port);
   }
-  b->local_rank = (int)ncfsm__env_ll("NCFSM_LOCAL_RANK", o->rank);
-  b->local_size = (int)ncfsm__env_ll("NCFSM_LOCAL_WORLD_SIZE", o->size);
   b->impl = &t->root;
   t->deadline_ns = ncfsm__now_ns() + b->timeout_ms * 1000000ull;
   tcp_connect(t);
   return NCFSM_OK;
 nomem:
   ncfsm__boot_seterr(b, "tcp bootstrap: out of memory");
+  r = NCFSM_ERR_NO_MEMORY;
 fail:
   if (t->retry_ev) event_free(t->retry_ev);
   if (t->hb_ev) event_free(t->hb_ev);
@@ -409,7 +435,7 @@ fail:
   free(t->token);
   free(t);
   b->impl = NULL;
-  return NCFSM_ERR_BOOTSTRAP;
+  return r;
 }
 
 static void tcp_close(ncfsm_boot *b) {

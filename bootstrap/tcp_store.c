@@ -2,8 +2,10 @@
  * The tcp bootstrap's key-value store server: an evconnlistener plus one
  * bufferevent per connection, all on the event_base that hosts it (rank 0's
  * loop, or tools/ncfsm-store). Single-threaded: every function runs on that
- * base's thread. This file opens and closes it; the other parts (connections,
- * ranks, requests, groups, replies, the table) are listed in store-internal.h.
+ * base's thread. This file opens and closes it and reads its settings (the
+ * environment and ncfsm-store's flags, through the settings table); the other
+ * parts (connections, ranks, requests, groups, replies, the table) are listed
+ * in store-internal.h.
  *
  * Each connection must HELLO with the job token before anything else. A
  * malformed, oversized, truncated or unknown frame closes that connection
@@ -61,6 +63,7 @@
 #include <event2/listener.h>
 
 #include "bootstrap/store-internal.h"
+#include "core/settings.h"
 
 /* At most one WARN line per second per kind; the others are counted and
  * reported with the next line. */
@@ -115,49 +118,100 @@ void ncfsm__store_opts_init(ncfsm__store_opts *o) {
   o->notices_per_s = 1000;
 }
 
-static void env_u64(const char *name, uint64_t *v) {
-  long long x = ncfsm__env_ll(name, -1);
-  if (x > 0) *v = (uint64_t)x;
-  else if (x == 0 || (getenv(name) && *getenv(name)))
-    NCFSM_WARN(SUB, "%s=%s is not a positive number; using %" PRIu64, name, getenv(name), *v);
+/* ---- the store's settings ----------------------------------------------------------
+ * Each NCFSM_STORE_* row of the settings table (core/settings.def) that the store reads, the
+ * ncfsm__store_opts field it sets and the ncfsm-store flag that sets the same field: the
+ * environment is read strictly through the table (a bad value is refused, naming the
+ * variable, the value and what is accepted), and ncfsm-store's flags take the table's ranges. */
+
+struct ncfsm__store_flag {
+  ncfsm__setting_id id;
+  const char *flag; /* a switch for a BOOL row: sets the field to 1 (inverted: 0 is on) */
+  size_t off, size;
+  int inverted; /* the field is the row's opposite (heartbeat_off of NCFSM_STORE_HEARTBEAT) */
+};
+
+#define F(m) offsetof(ncfsm__store_opts, m), sizeof(((ncfsm__store_opts *)0)->m)
+static const ncfsm__store_flag flags[] = {
+    {NCFSM__SET_STORE_VALUE_MAX, "--value-max", F(value_max), 0},
+    {NCFSM__SET_STORE_MAX_BYTES, "--max-bytes", F(max_bytes), 0},
+    {NCFSM__SET_STORE_AUTH_TIMEOUT_MS, "--auth-timeout-ms", F(auth_timeout_ms), 0},
+    {NCFSM__SET_STORE_FRAME_TIMEOUT_MS, "--frame-timeout-ms", F(frame_timeout_ms), 0},
+    {NCFSM__SET_STORE_MAX_INFLIGHT, "--max-inflight", F(max_inflight), 0},
+    {NCFSM__SET_STORE_OUT_HIGH, "--out-high", F(out_high), 0},
+    {NCFSM__SET_STORE_OUT_MAX, "--out-max", F(out_max), 0},
+    {NCFSM__SET_STORE_OUT_STALL_MS, "--out-stall-ms", F(out_stall_ms), 0},
+    {NCFSM__SET_STORE_MAX_OUT, "--max-out", F(max_out), 0},
+    {NCFSM__SET_STORE_MAX_CONNS, "--max-conns", F(max_conns), 0},
+    {NCFSM__SET_STORE_MAX_PARKED, "--max-parked", F(max_parked), 0},
+    {NCFSM__SET_STORE_AUTH_FAIL_BURST, "--auth-fail-burst", F(auth_fail_burst), 0},
+    {NCFSM__SET_STORE_AUTH_FAIL_PER_S, "--auth-fail-per-s", F(auth_fail_per_s), 0},
+    {NCFSM__SET_STORE_WORLD_SIZE, "--world-size", F(world_size), 0},
+    {NCFSM__SET_STORE_HEARTBEAT_MS, "--heartbeat-ms", F(heartbeat_ms), 0},
+    {NCFSM__SET_STORE_SILENCE_MS, "--silence-ms", F(silence_ms), 0},
+    {NCFSM__SET_STORE_MAX_CHANNELS, "--max-channels", F(max_channels), 0},
+    {NCFSM__SET_STORE_NOTICES_PER_S, "--notices-per-s", F(notices_per_s), 0},
+    {NCFSM__SET_STORE_HEARTBEAT, "--no-heartbeat", F(heartbeat_off), 1},
+    {NCFSM__SET_STORE_REJOIN, "--rejoin", F(rejoin), 0},
+    {NCFSM__SET_STORE_RANK_SECRETS, "--rank-secrets", F(rank_secrets), 0},
+    {NCFSM__SET_STORE_ALLOW_REMOTE, "--allow-remote", F(allow_remote), 0},
+};
+#undef F
+#define NFLAGS (sizeof flags / sizeof flags[0])
+
+/* Every field is a 4-byte (int, uint32_t) or 8-byte (uint64_t) number; the rows' ranges fit. */
+static void field_set(ncfsm__store_opts *o, const ncfsm__store_flag *f, uint64_t v) {
+  char *p = (char *)o + f->off;
+  if (f->inverted) v = !v;
+  if (f->size == 4) {
+    uint32_t x = (uint32_t)v;
+    memcpy(p, &x, sizeof x);
+  } else {
+    memcpy(p, &v, sizeof v);
+  }
 }
 
-static void env_u32(const char *name, uint32_t *v) {
-  uint64_t x = *v;
-  env_u64(name, &x);
-  *v = x > UINT32_MAX ? UINT32_MAX : (uint32_t)x;
+int ncfsm__store_opts_from_env(ncfsm__store_opts *o, char *err, size_t errlen) {
+  for (size_t i = 0; i < NFLAGS; i++) {
+    ncfsm__setting_val v;
+    if (ncfsm__setting_get(&ncfsm__settings[flags[i].id], &v, err, errlen) != 0) return -1;
+    if (v.from_env) field_set(o, &flags[i], v.u);
+  }
+  return 0;
 }
 
 void ncfsm__store_opts_env(ncfsm__store_opts *o) {
-  uint64_t v;
-  env_u32("NCFSM_STORE_VALUE_MAX", &o->value_max);
-  env_u64("NCFSM_STORE_MAX_BYTES", &o->max_bytes);
-  env_u64("NCFSM_STORE_AUTH_TIMEOUT_MS", &o->auth_timeout_ms);
-  env_u64("NCFSM_STORE_FRAME_TIMEOUT_MS", &o->frame_timeout_ms);
-  env_u64("NCFSM_STORE_MAX_INFLIGHT", &o->max_inflight);
-  env_u64("NCFSM_STORE_OUT_HIGH", &o->out_high);
-  env_u64("NCFSM_STORE_OUT_MAX", &o->out_max);
-  env_u64("NCFSM_STORE_OUT_STALL_MS", &o->out_stall_ms);
-  env_u64("NCFSM_STORE_MAX_OUT", &o->max_out);
-  v = o->max_conns > 0 ? (uint64_t)o->max_conns : 0;
-  if (getenv("NCFSM_STORE_MAX_CONNS")) {
-    env_u64("NCFSM_STORE_MAX_CONNS", &v);
-    o->max_conns = v > (1u << 30) ? (1 << 30) : (int)v;
+  char err[400];
+  if (ncfsm__store_opts_from_env(o, err, sizeof err) != 0)
+    NCFSM_WARN(NCFSM__SUB_BOOT, "%s (the rest of NCFSM_STORE_* not read)", err);
+}
+
+const ncfsm__store_flag *ncfsm__store_flag_find(const char *flag) {
+  for (size_t i = 0; i < NFLAGS; i++)
+    if (!strcmp(flag, flags[i].flag)) return &flags[i];
+  return NULL;
+}
+
+int ncfsm__store_flag_takes_value(const ncfsm__store_flag *f) {
+  return ncfsm__settings[f->id].type != NCFSM__T_BOOL;
+}
+
+int ncfsm__store_flag_set(ncfsm__store_opts *o, const ncfsm__store_flag *f, const char *value, char *err,
+                          size_t errlen) {
+  const ncfsm__setting *s = &ncfsm__settings[f->id];
+  if (!ncfsm__store_flag_takes_value(f)) {
+    field_set(o, f, f->inverted ? 0 : 1);
+    return 0;
   }
-  env_u32("NCFSM_STORE_MAX_PARKED", &o->max_parked);
-  env_u32("NCFSM_STORE_AUTH_FAIL_BURST", &o->auth_fail_burst);
-  env_u32("NCFSM_STORE_AUTH_FAIL_PER_S", &o->auth_fail_per_s);
-  if (getenv("NCFSM_STORE_WORLD_SIZE")) env_u32("NCFSM_STORE_WORLD_SIZE", &o->world_size);
-  env_u32("NCFSM_STORE_MAX_CHANNELS", &o->max_channels);
-  env_u32("NCFSM_STORE_NOTICES_PER_S", &o->notices_per_s);
-  env_u64("NCFSM_STORE_HEARTBEAT_MS", &o->heartbeat_ms);
-  env_u64("NCFSM_STORE_SILENCE_MS", &o->silence_ms);
-  if (getenv("NCFSM_STORE_HEARTBEAT")) o->heartbeat_off = ncfsm__env_ll("NCFSM_STORE_HEARTBEAT", 1) == 0;
-  if (getenv("NCFSM_STORE_REJOIN")) o->rejoin = ncfsm__env_ll("NCFSM_STORE_REJOIN", 0) != 0;
-  if (getenv("NCFSM_STORE_RANK_SECRETS"))
-    o->rank_secrets = ncfsm__env_ll("NCFSM_STORE_RANK_SECRETS", 0) != 0;
-  if (getenv("NCFSM_STORE_ALLOW_REMOTE"))
-    o->allow_remote = ncfsm__env_ll("NCFSM_STORE_ALLOW_REMOTE", 0) != 0;
+  ncfsm__setting_val v;
+  char why[300];
+  if (ncfsm__setting_parse(s, value, &v, why, sizeof why) != 0 || v.word >= 0) {
+    snprintf(err, errlen, "%s '%s': expected a number%s from %lld to %llu", f->flag, value,
+             s->type == NCFSM__T_BYTES ? " of bytes" : "", (long long)s->min, (unsigned long long)s->max);
+    return -1;
+  }
+  field_set(o, f, v.u);
+  return 0;
 }
 
 void ncfsm__store_limits_get(const ncfsm__store *s, ncfsm__store_opts *o) { *o = s->o; }

@@ -7,12 +7,13 @@
  * The token is read from NCFSM_STORE_TOKEN unless --token is given (argv is
  * visible to every user through ps; prefer the environment). The limits
  * (docs/bootstrap.md, "Limits"; channels and notices: "Channels", "Notices")
- * come from NCFSM_STORE_* and then from the flags. Stops on
- * SIGINT/SIGTERM and then exits 0. Exit status 2 for a bad argument, 1 when
- * the store cannot start (no token, a non-loopback address without
- * --allow-remote, the port is taken).
+ * come from NCFSM_STORE_* and then from the flags, both in the ranges of the
+ * settings table (core/settings.def). Stops on SIGINT/SIGTERM and then exits
+ * 0. Exit status 2 for a bad argument or a variable the table refuses (or an
+ * NCFSM_STORE_* that is not a setting), 1 when the store cannot start (no
+ * token, an address without a port or with one past 65535, a non-loopback
+ * address without --allow-remote, the port is taken).
  */
-#include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,9 +22,11 @@
 
 #include <event2/event.h>
 
+#include "bootstrap/boot-internal.h"
 #include "bootstrap/tcp-internal.h"
 #include "ncfsm/bootstrap.h"
 #include "core/log.h"
+#include "core/settings.h"
 
 static void usage(FILE *f) {
   fprintf(f, "usage: ncfsm-store [--listen HOST:PORT] [--token T] [--value-max BYTES]\n"
@@ -62,116 +65,58 @@ static void usage(FILE *f) {
              "  --print-rank-secret R/N  print rank R of N's secret (from the token) and exit\n");
 }
 
-/* A positive integer no larger than max (decimal, or 0x hex); else a clear
- * error and -1. */
-static int parse_num(const char *opt, const char *v, unsigned long long max, const char *unit,
-                     unsigned long long *out) {
-  char *end;
-  errno = 0;
-  unsigned long long x = strtoull(v, &end, 0); /* accepts a sign: refused below */
-  if (strchr(v, '-') || end == v || *end || errno || x == 0 || x > max) {
-    fprintf(stderr, "ncfsm-store: %s '%s': expected a number%s from 1 to %llu\n", opt, v, unit, max);
-    return -1;
-  }
-  *out = x;
-  return 0;
-}
-static int parse_size(const char *opt, const char *v, unsigned long long max, unsigned long long *out) {
-  return parse_num(opt, v, max, " of bytes", out);
-}
-
-/* The numeric limit flags: name, bytes or not, and where they go. */
-typedef struct num_flag {
-  const char *name;
-  int bytes;
-  unsigned long long max;
-} num_flag;
-static const num_flag num_flags[] = {
-    {"--auth-timeout-ms", 0, 86400000ull}, {"--frame-timeout-ms", 0, 86400000ull},
-    {"--max-inflight", 1, UINT64_MAX},     {"--out-high", 1, UINT64_MAX},
-    {"--out-max", 1, UINT64_MAX},          {"--out-stall-ms", 0, 86400000ull},
-    {"--max-out", 1, UINT64_MAX},
-    {"--max-conns", 0, 1u << 30},          {"--max-parked", 0, UINT32_MAX},
-    {"--auth-fail-burst", 0, UINT32_MAX},  {"--auth-fail-per-s", 0, UINT32_MAX},
-    {"--world-size", 0, 1u << 22},         {"--heartbeat-ms", 0, 3600000ull},
-    {"--silence-ms", 0, 86400000ull},      {"--max-channels", 0, UINT32_MAX},
-    {"--notices-per-s", 0, UINT32_MAX},
-};
-
-static void set_num(ncfsm__store_opts *o, const char *name, unsigned long long x) {
-  if (!strcmp(name, "--auth-timeout-ms")) o->auth_timeout_ms = x;
-  else if (!strcmp(name, "--frame-timeout-ms")) o->frame_timeout_ms = x;
-  else if (!strcmp(name, "--max-inflight")) o->max_inflight = x;
-  else if (!strcmp(name, "--out-high")) o->out_high = x;
-  else if (!strcmp(name, "--out-max")) o->out_max = x;
-  else if (!strcmp(name, "--out-stall-ms")) o->out_stall_ms = x;
-  else if (!strcmp(name, "--max-out")) o->max_out = x;
-  else if (!strcmp(name, "--max-conns")) o->max_conns = (int)x;
-  else if (!strcmp(name, "--max-parked")) o->max_parked = (uint32_t)x;
-  else if (!strcmp(name, "--auth-fail-burst")) o->auth_fail_burst = (uint32_t)x;
-  else if (!strcmp(name, "--auth-fail-per-s")) o->auth_fail_per_s = (uint32_t)x;
-  else if (!strcmp(name, "--world-size")) o->world_size = (uint32_t)x;
-  else if (!strcmp(name, "--heartbeat-ms")) o->heartbeat_ms = x;
-  else if (!strcmp(name, "--silence-ms")) o->silence_ms = x;
-  else if (!strcmp(name, "--max-channels")) o->max_channels = (uint32_t)x;
-  else if (!strcmp(name, "--notices-per-s")) o->notices_per_s = (uint32_t)x;
-}
-
-static const num_flag *find_num_flag(const char *a) {
-  for (size_t i = 0; i < sizeof num_flags / sizeof num_flags[0]; i++)
-    if (!strcmp(a, num_flags[i].name)) return &num_flags[i];
-  return NULL;
-}
-
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)sig;
   (void)what;
   event_base_loopexit(arg, NULL);
 }
 
+/* Why the environment cannot be taken (into err), or NULL: an unknown NCFSM_STORE_* name, or a
+ * value of NCFSM_STORE_ADDR, NCFSM_STORE_TOKEN or the store's rows that the table refuses. */
+static const char *env_refused(ncfsm__store_opts *o, char *err, size_t n) {
+  ncfsm__setting_val addr, token;
+  if (ncfsm__boot_env_unknown(err, n) ||
+      ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_STORE_ADDR], &addr, err, n) ||
+      ncfsm__setting_get(&ncfsm__settings[NCFSM__SET_STORE_TOKEN], &token, err, n) ||
+      ncfsm__store_opts_from_env(o, err, n))
+    return err;
+  o->listen = addr.s ? addr.s : "127.0.0.1:29500";
+  o->token = token.s;
+  return NULL;
+}
+
 int main(int argc, char **argv) {
   ncfsm__log_init();
   ncfsm__store_opts o;
   ncfsm__store_opts_init(&o);
-  o.listen = ncfsm__env_str("NCFSM_STORE_ADDR", "127.0.0.1:29500");
-  o.token = ncfsm__env_str("NCFSM_STORE_TOKEN", NULL);
-  ncfsm__store_opts_env(&o);
+  char err[512];
+  if (env_refused(&o, err, sizeof err)) {
+    fprintf(stderr, "ncfsm-store: %s\n", err);
+    return 2;
+  }
   int print_port = 0;
   const char *secret_of = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    const num_flag *nf = find_num_flag(a);
-    int takes_value = !strcmp(a, "--listen") || !strcmp(a, "--token") || !strcmp(a, "--value-max") ||
-                      !strcmp(a, "--max-bytes") || !strcmp(a, "--print-rank-secret") || nf;
+    const ncfsm__store_flag *sf = ncfsm__store_flag_find(a);
+    int takes_value = !strcmp(a, "--listen") || !strcmp(a, "--token") || !strcmp(a, "--print-rank-secret") ||
+                      (sf && ncfsm__store_flag_takes_value(sf));
     if (takes_value && i + 1 >= argc) {
       fprintf(stderr, "ncfsm-store: %s needs a value\n", a);
       usage(stderr);
       return 2;
     }
-    unsigned long long x;
     if (!strcmp(a, "--listen")) {
       o.listen = argv[++i];
     } else if (!strcmp(a, "--token")) {
       o.token = argv[++i];
-    } else if (!strcmp(a, "--value-max")) {
-      if (parse_size(a, argv[++i], UINT32_MAX, &x)) return 2;
-      o.value_max = (uint32_t)x;
-    } else if (!strcmp(a, "--max-bytes")) {
-      if (parse_size(a, argv[++i], UINT64_MAX, &x)) return 2;
-      o.max_bytes = x;
-    } else if (nf) {
-      if (parse_num(a, argv[++i], nf->max, nf->bytes ? " of bytes" : "", &x)) return 2;
-      set_num(&o, a, x);
-    } else if (!strcmp(a, "--no-heartbeat")) {
-      o.heartbeat_off = 1;
-    } else if (!strcmp(a, "--rejoin")) {
-      o.rejoin = 1;
-    } else if (!strcmp(a, "--rank-secrets")) {
-      o.rank_secrets = 1;
+    } else if (sf) {
+      if (ncfsm__store_flag_set(&o, sf, takes_value ? argv[++i] : NULL, err, sizeof err) != 0) {
+        fprintf(stderr, "ncfsm-store: %s\n", err);
+        return 2;
+      }
     } else if (!strcmp(a, "--print-rank-secret")) {
       secret_of = argv[++i];
-    } else if (!strcmp(a, "--allow-remote")) {
-      o.allow_remote = 1;
     } else if (!strcmp(a, "--print-port")) {
       print_port = 1;
     } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -207,7 +152,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   ncfsm__store *s;
-  char err[512];
   if (ncfsm__store_open(base, &o, &s, err, sizeof err) != 0) {
     fprintf(stderr, "ncfsm-store: %s\n", err);
     event_base_free(base);

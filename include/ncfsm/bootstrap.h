@@ -27,7 +27,9 @@ typedef struct ncfsm_boot ncfsm_boot;
 typedef struct ncfsm_boot_req ncfsm_boot_req;
 
 typedef enum ncfsm_boot_kind {
-  NCFSM_BOOT_AUTO = 0, /* pmix when PMIX_RANK is set, else tcp when NCFSM_STORE_ADDR is set, else local */
+  NCFSM_BOOT_AUTO = 0, /* pmix when PMIX_RANK is set, else tcp when NCFSM_STORE_ADDR is set, else
+                          local; neither, in one of several tasks (SLURM_NTASKS, OMPI_COMM_WORLD_SIZE
+                          or PMI_SIZE above 1): ncfsm_boot_open fails (NCFSM_ERR_BOOTSTRAP) */
   NCFSM_BOOT_PMIX,
   NCFSM_BOOT_TCP,
   NCFSM_BOOT_LOCAL
@@ -55,12 +57,22 @@ typedef struct ncfsm_boot_opts {
   const char *rank_secret;
 } ncfsm_boot_opts;
 
-void ncfsm_boot_opts_init(ncfsm_boot_opts *o); /* defaults, then environment */
+/* Defaults, then the environment through the settings table (docs/settings.md, "Bootstrap"): a
+ * value the table does not accept is logged (WARN) and its field keeps the default;
+ * ncfsm_boot_open then refuses it. */
+void ncfsm_boot_opts_init(ncfsm_boot_opts *o);
 
 /* Open a bootstrap whose completions wake base. pmix and local complete
  * requests from other threads: call evthread_use_pthreads() before creating
  * base (the ncfsm loop does). On failure *out is NULL and the reason is
- * logged; ncfsm_boot_open_error() returns it. */
+ * logged; ncfsm_boot_open_error() and ncfsm_last_error() return it. A value
+ * of a bootstrap variable that the settings table does not accept (with opts
+ * or NULL, whatever the kind; a tcp rank's NCFSM_STORE_HEARTBEAT, and the
+ * store's variables on a rank that hosts it), an NCFSM_STORE_*,
+ * NCFSM_BOOTSTRAP_* or NCFSM_LOCAL_* variable that is not a setting, and a
+ * store address without a port or with a port past 65535:
+ * NCFSM_ERR_INVALID_ARGUMENT naming it (docs/bootstrap.md, "Choosing an
+ * implementation"). */
 ncfsm_result_t ncfsm_boot_open(struct event_base *base, const ncfsm_boot_opts *opts,
                                ncfsm_boot **out);
 ncfsm_result_t ncfsm_boot_close(ncfsm_boot *b);

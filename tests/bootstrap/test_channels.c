@@ -424,7 +424,7 @@ static void rank_proc(int r, int wfd, int latency_only) {
   char line[900] = "ok\n";
   if (!latency_only) suite_all(base, &b, 1);
   double worst;
-  cs_notice_latency(base, &b, 1, 16, "tcp, 4 rank processes and an ncfsm-store process", &worst);
+  cs_notice_latency(base, &b, 1, 16, "tcp, 4 rank processes and a store process (forked, as ncfsm-store runs it)", &worst);
   if (!latency_only) {
     ncfsm_boot *ch = cs_open(b, "cs.kill", NULL, 0);
     lost_mask[0] = 0;
