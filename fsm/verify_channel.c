@@ -310,8 +310,9 @@ void ncfsm__vchan_stalled(struct ncfsm__verifier *v, ncfsm_boot_req *req, uint64
   ncfsm__verify_fire(v, NCFSM__VE_STALL_SUSPECTED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, NULL);
 }
 
-/* Action ask: the others' answers are collected for at most a tenth of the
- * stall bound (10 to 200 ms). */
+/* Action ask: the others' answers are collected for at most a quarter of the
+ * stall bound (100 to 1000 ms: a loaded machine's loop may take tens of ms to
+ * turn, and a rank named silent must really be). */
 void ncfsm__vchan_ask(struct ncfsm__verifier *v) {
   struct ncfsm__vchan *vc = v->chan;
   ncfsm_comm *c = v->c;
@@ -319,8 +320,8 @@ void ncfsm__vchan_ask(struct ncfsm__verifier *v) {
   memset(vc->answered, 0, (size_t)vc->nranks);
   atomic_fetch_and(&vc->att, ~IN_ANSWER);
   pthread_mutex_unlock(&vc->mu);
-  uint64_t b = c->opts.verify_stall_ms / 10;
-  vc->ask_bound_ns = (b < 10 ? 10 : b > 200 ? 200 : b) * 1000000ull;
+  uint64_t b = c->opts.verify_stall_ms / 4;
+  vc->ask_bound_ns = (b < 100 ? 100 : b > 1000 ? 1000 : b) * 1000000ull;
   vc->ask_t0 = ncfsm__now_ns();
   ncfsm_boot_notice a = {.key = KEY(c, K_ASK), .seq = vc->ask_mine};
   post(v, &a);
