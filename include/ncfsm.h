@@ -255,14 +255,17 @@ ncfsm_result_t ncfsm_sim_opts_init(ncfsm_sim_opts *o);
 
 /* Cross-rank verification of the collective order (R11; docs/ordering.md). */
 typedef enum ncfsm_verify_mode {
-  NCFSM_VERIFY_OFF = 0, /* default */
-  NCFSM_VERIFY_ASYNC    /* launch at once; every verify_window collectives the ranks exchange
-                           (seq, rolling hash) through the comm's bootstrap, without a barrier:
-                           a divergence, or a window not completed by every rank within
-                           verify_stall_ms, fails the comm (NCFSM_ERR_MISMATCH / _TIMEOUT) and
-                           dumps its recorder. Needs ncfsm_comm_init_boot; the bootstrap then
-                           belongs to the verification for the comm's life (open, and no
-                           allgathers of the program's own on it: docs/ordering.md) */,
+  NCFSM_VERIFY_OFF = 0, /* no cross-rank check (NCFSM_VERIFY=off) */
+  NCFSM_VERIFY_ASYNC    /* the default: launch at once and compare as the collectives go. Ranks
+                           of one process compare every collective in memory (also Send/Recv
+                           pairs); ranks in other processes (ncfsm_comm_init_boot) exchange
+                           (seq, rolling hash) every verify_window collectives on a channel of
+                           the comm's bootstrap of their own, without a barrier. A divergence
+                           fails the comm (NCFSM_ERR_MISMATCH) naming the seq, the field and
+                           each rank's value; a window not completed within verify_stall_ms
+                           fails it (NCFSM_ERR_TIMEOUT) naming the ranks behind; a rank whose
+                           comm fails tells the others, whose comms fail with NCFSM_ERR_PEER
+                           naming it (docs/ordering.md) */,
   NCFSM_VERIFY_STRICT   /* before a collective launches, every rank's fingerprint of it (op,
                            count, dtype, root, redop) is exchanged through the comm's bootstrap;
                            on a difference no rank hands it to NCCL: its works (its whole group)
