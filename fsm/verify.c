@@ -39,16 +39,18 @@ ACT(collect) {
   VER;
   ncfsm__vcomp_collect(v);
 }
+/* The comm fails first, then the exchanges are dropped: its failure notice goes out while
+ * the channel is still in step (a freed exchange leaves it failed, and it refuses notices). */
 ACT(fail_comm) {
   VER;
-  drop(v);
   ncfsm__comm_fail(v->c, p->comm_ev, p->cause, NCFSM__NCCL_SUCCESS, p->what);
+  drop(v);
 }
 ACT(fail_no_memory) {
   VER;
-  drop(v);
   ncfsm__comm_fail(v->c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NCFSM__NCCL_SUCCESS,
                    "verification: out of memory for a fingerprint exchange (the ranks' exchanges no longer pair)");
+  drop(v);
 }
 ACT(fail_peer) {
   VER;
