@@ -485,27 +485,35 @@ static const char *jstr(json_t *o, const char *k) {
   return s ? s : "";
 }
 
-/* The first line of a file (the analyzer's verdict), with | escaped for markdown. */
-static void first_line(const char *path, char *out, size_t n) {
-  char *s = read_text(path);
-  out[0] = 0;
-  if (!s) return;
+/* The first line of text, with | escaped for a markdown table cell. */
+static void md_cell(const char *s, char *out, size_t n) {
   size_t k = 0;
-  for (char *p = s; *p && *p != '\n' && k + 2 < n; p++) {
+  for (const char *p = s; *p && *p != '\n' && k + 2 < n; p++) {
     if (*p == '|') out[k++] = '\\';
     out[k++] = *p;
   }
   out[k] = 0;
+}
+
+/* The first line of a file (the analyzer's verdict), as a markdown cell. */
+static void first_line(const char *path, char *out, size_t n) {
+  char *s = read_text(path);
+  out[0] = 0;
+  if (!s) return;
+  md_cell(s, out, n);
   free(s);
 }
 
 static int check_fail(const char *cname, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static FILE *check_out; /* the differences, printed after the tables (stdout when NULL) */
+
 static int check_fail(const char *cname, int rank, const char *fmt, ...) {
+  FILE *o = check_out ? check_out : stdout;
   va_list ap;
   va_start(ap, fmt);
-  printf("CHECK %s rank %d: FAIL: ", cname, rank);
-  vprintf(fmt, ap);
-  printf("\n");
+  fprintf(o, "CHECK %s rank %d: FAIL: ", cname, rank);
+  vfprintf(o, fmt, ap);
+  fprintf(o, "\n");
   va_end(ap);
   return 1;
 }
@@ -646,6 +654,8 @@ static int check_rank(const mcase *mc, json_t *j, int r, int trace_rc, const cha
 
 static int report(const char *dir, bool check, int want_np) {
   int failures = 0, ncases = 0;
+  if (check) check_out = tmpfile(); /* NULL: printed where found */
+  FILE *texts = tmpfile();          /* the -default cases' failure texts, printed after the tables */
   char path[4096];
   printf("| case | verify | rank | injected op | status | caught by | detection (ms) | final state | next AllReduce | ncfsm-trace verdict |\n");
   printf("|---|---|---|---|---|---|---|---|---|---|\n");
@@ -693,10 +703,22 @@ static int report(const char *dir, bool check, int want_np) {
              jstr(j, "status"), vals,
              jstr(j, "layer"), dets, jstr(j, "state"), after ? after : "-", cell);
       if (check) failures += check_rank(mc, j, r, trace_rc, verdict);
+      if (mc->defaults && texts) {
+        char ft[1100];
+        md_cell(jstr(j, "failure")[0] ? jstr(j, "failure") : "(none: the comm did not fail)", ft, sizeof ft);
+        fprintf(texts, "| %s | %d | %s |\n", mc->name, r, ft);
+      }
       json_decref(j);
     }
     json_decref(j0);
   }
+  if (texts && ftell(texts) > 0) {
+    printf("\nThe comm's failure on each rank of the -default cases (ncfsm_comm_failure):\n\n| case | rank | failure |\n"
+           "|---|---|---|\n");
+    rewind(texts);
+    for (int ch; (ch = fgetc(texts)) != EOF;) putchar(ch);
+  }
+  if (texts) fclose(texts);
   if (first) {
     printf("\nbackend %s, NCCL %s, %d ranks; the -off, -strict, -async cases: deadline %" JSON_INTEGER_FORMAT
            " ms, stall bound %" JSON_INTEGER_FORMAT " ms, verify window 1\n",
@@ -715,6 +737,13 @@ static int report(const char *dir, bool check, int want_np) {
   for (size_t i = 0; i < NCASES; i++)
     if (cases[i].seed) printf("| %s | %s |\n", cases[i].name, cases[i].seed);
   if (check) {
+    if (check_out && ftell(check_out) > 0) {
+      printf("\nWhat differs from docs/ordering.md (\"The failure matrix\"):\n\n```\n");
+      rewind(check_out);
+      for (int ch; (ch = fgetc(check_out)) != EOF;) putchar(ch);
+      printf("```\n");
+    }
+    if (check_out) fclose(check_out);
     printf("\n%d case(s) read; %s\n", ncases, failures ? "CHECK FAILED" : "CHECK PASS");
     if (!ncases) return 1;
   }
