@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_matrix.sh NP OUTDIR [--tcp] [--gpu] [--fr] [--cases "a b ..."] [-- extra case args]
 #
-# Runs every case of 04_failure_matrix with one rank per process, each in
+# Runs every case of 04_failure_matrix (--list: the -off, -strict, -async and
+# -default ones) with one rank per process, each in
 # OUTDIR/<case>: under `mpirun -np NP` (PMIx bootstrap), or with --tcp as NP
 # processes that meet through a TCP store (tools/ncfsm-store, one per case,
 # on a free loopback port); then ncfsm-trace on the case's dumps
