@@ -214,6 +214,8 @@ struct ncfsm_comm {
   uint64_t verify_stall_ns;   /* in-process verification: the watchdog tells it of launches older than this */
   const _Atomic unsigned *verify_att; /* verification: nonzero when it must be polled (NULL: vops->busy) */
   bool verify_waits;                  /* verification has exchanges out: their callbacks will come (a wait waits) */
+  bool fail_own;                      /* the failure being made is this rank's own choice that every rank makes
+                                         (ncfsm_comm_recover): verification does not pass it to the others */
   uint64_t verify_checked_ns;         /* ... the watchdog's last look for a launch past verify_stall_ns */
 };
 

@@ -580,8 +580,11 @@ ncfsm_result_t ncfsm_comm_recover(ncfsm_comm *c) {
                      ncfsm__m_recover.states[r->state].name);
     res = NCFSM_ERR_ILLEGAL_STATE;
   } else {
-    if (ncfsm__has(c, NCFSM_SF_WORKS | NCFSM_SF_POLL))
+    if (ncfsm__has(c, NCFSM_SF_WORKS | NCFSM_SF_POLL)) {
+      c->fail_own = true; /* every rank asks for it: not a failure to pass on (verification) */
       ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_ASYNC, NCFSM__NCCL_SUCCESS, "ncfsm_comm_recover: recovery requested");
+      c->fail_own = false;
+    }
     if (r->state == NCFSM__RS_ARMED) fire(r, NCFSM__RE_COMM_FAILED, "recovery requested (ncfsm_comm_recover)");
   }
   UNLOCK(c->loop);
