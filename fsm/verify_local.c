@@ -360,14 +360,20 @@ static bool compare_p2p(struct ncfsm__verifier *v, char *what, size_t len) {
   return false;
 }
 
+/* The lists of c's works in flight: the launch in progress, then each stream's queue. */
+static int inflight_lists(const ncfsm_comm *c, const ncfsm_work **lists) {
+  int nl = 0;
+  lists[nl++] = c->launching;
+  for (int i = 0; i < c->nsq && nl < 65; i++) lists[nl++] = c->sq[i].head;
+  return nl;
+}
+
 /* Is some collective below seq s unfinished and able to complete on its
  * own: not in one launch with a collective from s on (a launch's works
  * complete together behind one event on each stream)? */
 static bool completes_before(const ncfsm_comm *c, uint64_t s) {
   const ncfsm_work *lists[1 + 64];
-  int nl = 0;
-  lists[nl++] = c->launching;
-  for (int i = 0; i < c->nsq && nl < 65; i++) lists[nl++] = c->sq[i].head;
+  int nl = inflight_lists(c, lists);
   for (int a = 0; a < nl; a++)
     for (const ncfsm_work *w = lists[a]; w; w = w->next) {
       if (!collective(w) || w->fp.seq >= s) continue;
@@ -380,17 +386,13 @@ static bool completes_before(const ncfsm_comm *c, uint64_t s) {
   return false;
 }
 
-/* A collective of this rank waiting longer than verify_stall_ms: the ranks
- * that never launched it and where each is. */
 /* A send or receive of this rank waiting longer than the stall bound whose
  * peer never posted its side: the peer named, with its last seq of the pair. */
 static bool p2p_stalled(struct ncfsm__verifier *v, uint64_t now, uint64_t stall_ns, char *what, size_t len) {
   ncfsm_comm *c = v->c;
   struct ncfsm__lv *lv = v->local;
   const ncfsm_work *lists[1 + 64];
-  int nl = 0;
-  lists[nl++] = c->launching;
-  for (int i = 0; i < c->nsq && nl < 65; i++) lists[nl++] = c->sq[i].head;
+  int nl = inflight_lists(c, lists);
   for (int a = 0; a < nl; a++)
     for (const ncfsm_work *w = lists[a]; w; w = w->next) {
       if (!is_p2p(&w->fp) || now < w->t_launch || now - w->t_launch < stall_ns) continue;
