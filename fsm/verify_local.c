@@ -415,6 +415,8 @@ static bool p2p_stalled(struct ncfsm__verifier *v, uint64_t now, uint64_t stall_
   return false;
 }
 
+/* A collective of this rank waiting longer than verify_stall_ms: the ranks
+ * that never launched it and where each is. */
 static bool stalled(struct ncfsm__verifier *v, uint64_t now, char *what, size_t len) {
   ncfsm_comm *c = v->c;
   lclique *q = v->local->q;
