@@ -453,8 +453,6 @@ static int run_case(const mcase *mc, const char *out, uint64_t deadline_ms, uint
   wait_files(loop, out, "json", nranks, now_ms() + bound);
   bool healthy = state == NCFSM_STATE_READY && !failed && (!bad.submitted || bad.status == NCFSM_OK) &&
                  mc->kind == K_ORDERED;
-  for (int k = 0; k < 3; k++)
-    if (healthy || state == NCFSM_STATE_READY) ncfsm_mem_free(c, buf[k]);
   if (healthy) {
     CHECK(ncfsm_comm_finalize(c));
     if (ncfsm_comm_wait_state(c, NCFSM_STATE_FINALIZED, deadline_ms) == NCFSM_OK) CHECK(ncfsm_comm_destroy(c));
@@ -463,6 +461,7 @@ static int run_case(const mcase *mc, const char *out, uint64_t deadline_ms, uint
     CHECK(ncfsm_comm_abort(c));
   }
   ncfsm_comm_wait_state(c, NCFSM_STATE_CLOSED, 60000);
+  for (int k = 0; k < 3; k++) ncfsm_mem_free(c, buf[k]); /* NCCL's communicator is gone: nothing uses them */
   ncfsm_comm_release(c);
   ncfsm_boot_close(boot);
   CHECK(ncfsm_loop_close(loop));
