@@ -8,7 +8,8 @@
 # on a free loopback port); then ncfsm-trace on the case's dumps
 # (OUTDIR/<case>/trace.txt, trace.rc); with --fr also PyTorch's fr_trace on
 # the PyTorch-format dumps (OUTDIR/<case>/fr.txt); then prints the report and
-# checks it (exit 1 when a case differs from what the design promises).
+# checks it (exit 1 when a case differs from what the design promises, or,
+# with --tcp, when a rank exits non-zero: a sanitizer's report fails the run).
 #
 #   --tcp    the TCP store instead of mpirun (no PMIx; used under ASan)
 #   --gpu    real NCCL (--require-gpu; exit 77 when no GPU is visible)
@@ -24,7 +25,7 @@ build=${BUILD:-$here/../../build}
 bin=$build/examples/04_failure_matrix
 trace=$build/tools/ncfsm-trace
 mpirun=${MPIRUN:-mpirun}
-gpu=() fr=0 cases="" tcp=0
+gpu=() fr=0 cases="" tcp=0 bad_exits=""
 while [ $# -gt 0 ]; do
   case $1 in
     --tcp) tcp=1 ;;
@@ -98,7 +99,12 @@ for c in $cases; do
   [ $rc -eq 77 ] && { cat "$out/$c/run.txt"; exit 77; }
   ms=$(( (t1 - t0) / 1000000 ))
   printf '%-14s exit %d, %d.%03d s\n' "$c" $rc $((ms / 1000)) $((ms % 1000))
-  if [ $rc -ne 0 ]; then
+  if [ $rc -ne 0 ] && [ $tcp -eq 1 ]; then
+    # over the TCP store each rank's own exit status is known: a rank that
+    # exits non-zero (a harness error, a sanitizer's report) fails the run
+    bad_exits="$bad_exits $c"
+    echo "  a rank exited $rc; run output:"; sed 's/^/    /' "$out/$c/run.txt"
+  elif [ $rc -ne 0 ]; then
     n=$(ls "$out/$c" | grep -c '^rank[0-9]*\.json$')
     # Open MPI 4.1's mpirun can crash in its own PMIx server finalize when a
     # rank left a fence unjoined (a skipping rank, async verification): the
@@ -118,4 +124,9 @@ for c in $cases; do
   fi
 done
 "$bin" --report "$out" --check --np "$np" | tee "$out/report.md"
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+if [ -n "$bad_exits" ]; then
+  echo "run_matrix.sh: a rank exited non-zero in:$bad_exits"
+  exit 1
+fi
+exit "$rc"
