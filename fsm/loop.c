@@ -113,6 +113,18 @@ static void direct_turn(ncfsm_loop *loop, bool yield) {
 
 static void on_wake(evutil_socket_t fd, short what, void *arg) { turn(arg, false); }
 
+/* A caller that drives the loop one turn at a time (NOWAIT, ONCE) while there is always direct
+ * work (works in flight re-poll at once) would never reach libevent, and with it the sockets of
+ * its bootstraps: a channel opened would not be sent, a peer's failure notice not read, for as
+ * long as the program polls. So such a call also runs one non-blocking pass of libevent when the
+ * last one is older than the longest poll interval. Called without mu. */
+static ncfsm_result_t socket_pass(ncfsm_loop *loop) {
+  uint64_t now = ncfsm__now_ns();
+  if (now - loop->last_pass_ns < loop->opts.poll_max_us * 1000ull) return NCFSM_OK;
+  loop->last_pass_ns = now;
+  return event_base_loop(loop->base, EVLOOP_NONBLOCK | EVLOOP_ONCE) < 0 ? NCFSM_ERR_SYSTEM : NCFSM_OK;
+}
+
 /* SIGUSR1 (opts.dump_on_signal): libevent turns the signal into an event on
  * this loop's thread; every comm with a dump directory is dumped. */
 static void on_sigusr1(evutil_socket_t fd, short what, void *arg) {
@@ -256,13 +268,18 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
     if (!direct && mode == NCFSM_RUN_DEFAULT && !pending) break;
     if (direct && !yield) { /* no need to go through libevent, nor to drop the lock */
       turn_held(loop, false);
-      if (mode != NCFSM_RUN_DEFAULT) break;
-      continue;
+      if (mode == NCFSM_RUN_DEFAULT) continue;
+      pthread_mutex_unlock(&loop->mu);
+      rr = socket_pass(loop);
+      pthread_mutex_lock(&loop->mu);
+      break;
     }
     pthread_mutex_unlock(&loop->mu);
     if (direct) {
       direct_turn(loop, yield); /* yields the CPU first, without the lock */
+      if (mode != NCFSM_RUN_DEFAULT) rr = socket_pass(loop);
     } else {
+      loop->last_pass_ns = ncfsm__now_ns();
       /* NONBLOCK alone keeps libevent looping while a timer expires again
        * before it checks (a 1 us poll interval): ONCE ends after one pass. */
       int flags = mode == NCFSM_RUN_NOWAIT || !pending ? EVLOOP_NONBLOCK | EVLOOP_ONCE : EVLOOP_ONCE;

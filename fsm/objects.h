@@ -273,6 +273,7 @@ typedef struct ncfsm__loop_hooks {
 
 struct ncfsm_loop {
   uint32_t magic;
+  uint64_t last_pass_ns;  /* the last libevent pass of ncfsm_loop_run (fsm/loop.c, socket_pass) */
   uint64_t id;           /* unique in the process: the per-thread last error names it */
   pthread_mutex_t mu;
   pthread_cond_t cv;

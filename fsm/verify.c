@@ -12,6 +12,7 @@ static void drop(struct ncfsm__verifier *v) {
   v->c->verify_waits = false;
   ncfsm__vchan_waits(v, false);
   ncfsm__vasync_free(v);
+  ncfsm__vpairs_drop(v);
   ncfsm__vstrict_free(v);
   ncfsm__vcomp_free(v);
 }
@@ -96,7 +97,7 @@ static void mark(struct ncfsm__verifier *v) {
   bool work = (ncfsm__m_verify.states[v->state].flags & NCFSM__VF_POLLED) &&
               (v->state != NCFSM__VS_RUNNING || ncfsm__vstrict_pending(v)); /* async: woken (vchan_wake) */
   ncfsm__vchan_mark(v, work);
-  v->c->verify_waits = v->vq_head != NULL;
+  v->c->verify_waits = v->vq_head != NULL || ncfsm__vpairs_out(v);
   ncfsm__vchan_waits(v, v->c->verify_waits);
 }
 
@@ -126,7 +127,11 @@ static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
   struct ncfsm__verifier *v = ver(c);
   bool p2p = w->fp.op == NCFSM_KIND_SEND || w->fp.op == NCFSM_KIND_RECV;
   if (v->local) ncfsm__vlocal_launched(v, w); /* every launch, in every state: its peers compare it */
-  else if (!p2p && c->opts.verify == NCFSM_VERIFY_ASYNC && v->state == NCFSM__VS_RUNNING) {
+  else if (c->opts.verify != NCFSM_VERIFY_ASYNC) return;
+  else if (p2p && polled(v) && v->state != NCFSM__VS_BROKEN) { /* counted from seq 0, queued until RUNNING */
+    ncfsm__vpairs_launched(v, w);
+    if (!c->verify_waits && ncfsm__vpairs_out(v)) mark(v);
+  } else if (!p2p && v->state == NCFSM__VS_RUNNING) {
     ncfsm__vasync_launched(v);
     if (v->vq_head && !c->verify_waits) mark(v); /* an exchange is out */
   }
@@ -157,7 +162,7 @@ static bool on_busy(const ncfsm_comm *c) {
     case NCFSM__VS_DETAILING:
     case NCFSM__VS_ASKING:
     case NCFSM__VS_BROKEN: return true;
-    case NCFSM__VS_RUNNING: return v->vq_head || ncfsm__vstrict_pending(v);
+    case NCFSM__VS_RUNNING: return v->vq_head || ncfsm__vpairs_out(v) || ncfsm__vstrict_pending(v);
     default: return false;
   }
 }
@@ -182,6 +187,16 @@ static bool poll_states(ncfsm_comm *c, uint64_t now) {
     ncfsm__verify_fire(v, NCFSM__VE_PEER_FAILED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_PEER, what);
     return true;
   }
+  /* The channel opens once the id is known (the same comm id on every rank), while NCCL's init is
+   * in progress: every rank has opened it before any rank's comm is in service (NCCL's init
+   * completes on none before every rank called it), so a failure notice posted at a comm's first
+   * op reaches every rank (a rank that has not opened the channel does not get it). */
+  if (v->state == NCFSM__VS_WAITING && v->parent && !v->boot && (f & (NCFSM_SF_WORKS | NCFSM_SF_LIVE)) &&
+      c->state != NCFSM_STATE_ID_QUEUED && c->state != NCFSM_STATE_ID_EXCHANGE && !ncfsm__vchan_open(v, what, sizeof what)) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] %s: this comm runs unverified", c->name, c->rank, what);
+    ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
+    return true;
+  }
   if (!(f & NCFSM_SF_WORKS)) {
     if (f & NCFSM_SF_LIVE) return false; /* still initialising */
     ncfsm__verify_fire(v, NCFSM__VE_COMM_ENDED, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
@@ -189,11 +204,6 @@ static bool poll_states(ncfsm_comm *c, uint64_t now) {
     return false;
   }
   unsigned before = v->state;
-  if (v->state == NCFSM__VS_WAITING && v->parent && !v->boot && !ncfsm__vchan_open(v, what, sizeof what)) {
-    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] %s: this comm runs unverified", c->name, c->rank, what);
-    ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
-    return true;
-  }
   if (v->state == NCFSM__VS_WAITING || v->state == NCFSM__VS_BROKEN)
     ncfsm__verify_fire(v, NCFSM__VE_IN_SERVICE, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
   bool progress = v->state != before;
@@ -206,8 +216,9 @@ static bool poll_states(ncfsm_comm *c, uint64_t now) {
   if (v->state == NCFSM__VS_DETAILING) return ncfsm__vasync_poll_detail(v, now) || progress;
   if (v->state == NCFSM__VS_ASKING) return ncfsm__vchan_poll_ask(v, now) || progress;
   if (v->state != NCFSM__VS_RUNNING) return progress;
-  if (c->opts.verify == NCFSM_VERIFY_ASYNC) progress |= ncfsm__vasync_poll(v, now);
-  else progress |= ncfsm__vstrict_poll(v, now);
+  if (c->opts.verify != NCFSM_VERIFY_ASYNC) return ncfsm__vstrict_poll(v, now) || progress;
+  progress |= ncfsm__vasync_poll(v, now);
+  if (v->state == NCFSM__VS_RUNNING) progress |= ncfsm__vpairs_poll(v, now);
   return progress;
 }
 
@@ -248,6 +259,7 @@ static void on_free(ncfsm_comm *c) {
   if (!v) return;
   drop(v);
   ncfsm__vlocal_free(v);
+  ncfsm__vpairs_free(v); /* its channels are channels of the verifier's */
   ncfsm__vchan_free(v); /* after the exchanges: the channel closes with no request out */
   free(v);
   c->ver = NULL;

@@ -18,6 +18,7 @@ struct ncfsm__comp;
 struct ncfsm__lv;
 struct ncfsm__vdet;
 struct ncfsm__vchan;
+struct ncfsm__vpairs;
 
 struct ncfsm__verifier {
   unsigned state; /* fsm/verify.def */
@@ -25,6 +26,8 @@ struct ncfsm__verifier {
   struct ncfsm_boot *parent; /* the comm's bootstrap (ncfsm_comm_init_boot); NULL: in-process */
   struct ncfsm_boot *boot;   /* the exchanges' channel on it, once open (fsm/verify_channel.c) */
   struct ncfsm__vchan *chan; /* the channel and its notices */
+  struct ncfsm__vpairs *pairs; /* sends and receives over the channel (fsm/verify_pairs.c) */
+  bool tell_mismatch; /* the comm's MISMATCH is a send/recv pair's: the ranks outside it are told */
   /* async: exchanges posted, oldest first */
   struct ncfsm__vreq *vq_head, *vq_tail;
   /* strict: exchanges to post (queue order), exchanges posted (oldest first) */
@@ -55,6 +58,10 @@ ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot);
 /* The fingerprints of one seq on n ranks: false when equal; else true with
  * the first field that differs and each rank's value in out. */
 bool ncfsm__verify_describe(const ncfsm_fingerprint_t *fps, int n, char *out, size_t len);
+/* A send (seq of the pair's direction, from src) and its receive (on dst): false when count
+ * and type agree; else true with the report in out. */
+bool ncfsm__verify_describe_pair(uint64_t seq, int src, int dst, uint64_t scount, int32_t sdtype, uint64_t rcount,
+                                 int32_t rdtype, char *out, size_t len);
 
 /* ---- verify_local.c ---- */
 ncfsm_result_t ncfsm__vlocal_new(struct ncfsm__verifier *v);
@@ -72,6 +79,15 @@ void ncfsm__vlocal_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const
 /* Fire ev on v (what: the report of DIVERGED, STALLED, CHANNEL_FAILED). */
 void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
                         ncfsm_result_t cause, const char *what);
+
+/* ---- verify_pairs.c ---- */
+void ncfsm__vpairs_launched(struct ncfsm__verifier *v, const ncfsm_work *w);
+bool ncfsm__vpairs_out(const struct ncfsm__verifier *v); /* exchanges posted or queued */
+void ncfsm__vpairs_post(struct ncfsm__verifier *v);      /* RUNNING: post what queued */
+bool ncfsm__vpairs_poll(struct ncfsm__verifier *v, uint64_t now);
+void ncfsm__vpairs_drop(struct ncfsm__verifier *v);
+void ncfsm__vpairs_close(struct ncfsm__verifier *v); /* before the verifier's channel closes */
+void ncfsm__vpairs_free(struct ncfsm__verifier *v);
 
 /* ---- verify_channel.c ---- */
 ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v);

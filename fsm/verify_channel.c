@@ -174,6 +174,7 @@ bool ncfsm__vchan_open(struct ncfsm__verifier *v, char *why, size_t len) {
 
 static void close_channel(struct ncfsm__verifier *v) {
   struct ncfsm__vchan *vc = v->chan;
+  ncfsm__vpairs_close(v); /* channels of this one */
   ncfsm_boot_on_notice(vc->ch, NULL, NULL);
   if (ncfsm_boot_close(vc->ch) != NCFSM_OK)
     NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] verification: its channel did not close: %s", v->c->name, v->c->rank,
@@ -212,14 +213,16 @@ bool ncfsm__vchan_busy(const struct ncfsm__verifier *v) {
 }
 
 /* This rank's comm failed: the other ranks are told at the next poll (on
- * the loop's thread). A peer's failure is not passed on; a divergence
- * every rank finds itself. */
+ * the loop's thread). A peer's failure is not passed on; a divergence of
+ * the collectives every rank finds itself (a send/recv pair's only its two
+ * ranks: it is passed on). */
 static void post_failure(struct ncfsm__verifier *v);
 
 void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const char *what) {
   struct ncfsm__vchan *vc = v->chan;
   ncfsm_comm *c = v->c;
-  if (!vc || cause == NCFSM_ERR_PEER || cause == NCFSM_ERR_MISMATCH || vc->fail_out.key) return;
+  if (!vc || cause == NCFSM_ERR_PEER || (cause == NCFSM_ERR_MISMATCH && !v->tell_mismatch) || vc->fail_out.key)
+    return;
   vc->fail_out.key = KEY(c, K_FAILED);
   vc->fail_out.seq = c->coll_seq;
   vc->fail_out.cause = cause;

@@ -336,22 +336,10 @@ static bool compare_p2p(struct ncfsm__verifier *v, char *what, size_t len) {
         if (!read_slot(mine->ring[*at % PRING], PRING, &mine->next, *at, &a) ||
             !read_slot(theirs->ring[*at % PRING], PRING, &theirs->next, *at, &b))
           continue;
-        bool count = a.count != b.count, dtype = a.dtype != b.dtype;
-        if (!count && !dtype) continue;
         int sender = dir ? p : lv->rank, receiver = dir ? lv->rank : p;
         const ncfsm_fingerprint_t *s = dir ? &b : &a, *r = dir ? &a : &b;
-        if (count)
-          snprintf(what, len,
-                   "verification: send/recv seq %" PRIu64 " from rank %d to rank %d: count mismatch: rank %d sends "
-                   "%" PRIu64 ", rank %d receives %" PRIu64 " (the pair's outputs are untrusted)",
-                   *at, sender, receiver, sender, s->count, receiver, r->count);
-        else
-          snprintf(what, len,
-                   "verification: send/recv seq %" PRIu64 " from rank %d to rank %d: dtype mismatch: rank %d sends "
-                   "%s, rank %d receives %s (the pair's outputs are untrusted)",
-                   *at, sender, receiver, sender, ncfsm_dtype_name((ncfsm_dtype_t)s->dtype), receiver,
-                   ncfsm_dtype_name((ncfsm_dtype_t)r->dtype));
-        return true;
+        if (ncfsm__verify_describe_pair(*at, sender, receiver, s->count, s->dtype, r->count, r->dtype, what, len))
+          return true;
       }
       behind |= *at < my_next;
     }

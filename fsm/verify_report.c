@@ -66,3 +66,20 @@ bool ncfsm__verify_describe(const ncfsm_fingerprint_t *fps, int n, char *out, si
     snprintf(out + w, len - (size_t)w, " (R11: the outputs of seq %" PRIu64 " and later are untrusted)", fps[0].seq);
   return true;
 }
+
+bool ncfsm__verify_describe_pair(uint64_t seq, int src, int dst, uint64_t scount, int32_t sdtype, uint64_t rcount,
+                                 int32_t rdtype, char *out, size_t len) {
+  if (scount != rcount)
+    snprintf(out, len,
+             "verification: send/recv seq %" PRIu64 " from rank %d to rank %d: count mismatch: rank %d sends %" PRIu64
+             ", rank %d receives %" PRIu64 " (the pair's outputs are untrusted)",
+             seq, src, dst, src, scount, dst, rcount);
+  else if (sdtype != rdtype)
+    snprintf(out, len,
+             "verification: send/recv seq %" PRIu64 " from rank %d to rank %d: dtype mismatch: rank %d sends %s, rank "
+             "%d receives %s (the pair's outputs are untrusted)",
+             seq, src, dst, src, ncfsm_dtype_name((ncfsm_dtype_t)sdtype), dst, ncfsm_dtype_name((ncfsm_dtype_t)rdtype));
+  else
+    return false;
+  return true;
+}

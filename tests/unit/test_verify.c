@@ -19,7 +19,10 @@
 #define N 2
 #define OPS 12
 
-enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL };
+enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL, P2P_OK, P2P_COUNT, P2P_SKIP };
+#define P2P(s) ((s) == P2P_OK || (s) == P2P_COUNT || (s) == P2P_SKIP)
+/* the rank that stops early (STALL, LEAVE: rank 1; P2P_SKIP: rank 0, the sender) and the one judged */
+#define STOPPER (sc == P2P_SKIP ? 0 : 1)
 
 struct rank_result {
   const char *fail_at;
@@ -32,10 +35,11 @@ struct rank_result {
 
 static enum scenario sc;
 static const char *group;
-/* rank 0 has its verdict: until then the stopping rank keeps its bootstrap
- * open (a closed bootstrap is a lost rank: it would fail rank 0 at once
- * instead of at the stall bound, which is what this test measures) */
-static atomic_int rank0_done;
+/* the judged rank (not STOPPER) has its verdict: until then the stopping
+ * rank keeps its bootstrap open (a closed bootstrap is a lost rank: it would
+ * fail the other at once instead of at the stall bound, which is what this
+ * test measures) */
+static atomic_int judge_done;
 static struct rank_result res[N];
 static int32_t bufs[N][OPS][4];
 
@@ -85,12 +89,12 @@ static void *rank_main(void *arg) {
   o.timeout_ms = 20000; /* the watchdog: far later than verification must act */
   o.verify = NCFSM_VERIFY_ASYNC;
   o.verify_window = 4;
-  o.verify_stall_ms = sc == STALL || sc == LEAVE ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
+  o.verify_stall_ms = sc == STALL || sc == LEAVE || sc == P2P_SKIP ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
   o.name = "verify";
   CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
   CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
   CHECK(ncfsm_comm_wait_state(c, NCFSM_STATE_READY, 10000) == NCFSM_OK);
-  int nops = (sc == STALL || sc == LEAVE) && rank == 1 ? 2 : OPS;
+  int nops = (sc == STALL || sc == LEAVE || sc == P2P_SKIP) && rank == STOPPER ? 2 : OPS;
   if (sc == FAIL) { /* a warm-up both ranks complete: both verifiers are in service, their channels open (a
                      * notice reaches only the ranks that opened the channel: docs/ordering.md) */
     ncfsm_work *w = NULL;
@@ -104,7 +108,11 @@ static void *rank_main(void *arg) {
   for (int k = 0; k < nops; k++) {
     ncfsm_redop_t op = sc == SILENT_MISMATCH && rank == 1 && k == 5 ? NCFSM_OP_MAX : NCFSM_OP_SUM;
     for (int i = 0; i < 4; i++) bufs[rank][k][i] = rank + 1;
-    ncfsm_result_t sr = ncfsm_allreduce(c, bufs[rank][k], bufs[rank][k], 4, NCFSM_INT32, op, NULL, on_done, r, NULL);
+    ncfsm_result_t sr;
+    if (!P2P(sc)) sr = ncfsm_allreduce(c, bufs[rank][k], bufs[rank][k], 4, NCFSM_INT32, op, NULL, on_done, r, NULL);
+    else if (rank == 0) sr = ncfsm_send(c, bufs[rank][k], 4, NCFSM_INT32, 1, NULL, on_done, r, NULL);
+    else /* P2P_COUNT: the receive of seq 5 is for 2 elements where 4 are sent */
+      sr = ncfsm_recv(c, bufs[rank][k], sc == P2P_COUNT && k == 5 ? 2 : 4, NCFSM_INT32, 0, NULL, on_done, r, NULL);
     if (sr != NCFSM_OK && sc == FAIL && ncfsm_comm_state(c) != NCFSM_STATE_READY) { /* failed meanwhile */
       nops = k;
       break;
@@ -117,30 +125,37 @@ static void *rank_main(void *arg) {
     CHECK(ncfsm_loop_run(loop, NCFSM_RUN_ONCE) == NCFSM_OK);
     ncfsm_state_t s = ncfsm_comm_state(c);
     if (s == NCFSM_STATE_ERROR && r->detect_ms == 0) r->detect_ms = now_ms() - t0;
-    if (r->ok + r->failed == nops && (s == NCFSM_STATE_ERROR || sc == CONSISTENT || ((sc == STALL || sc == LEAVE) && rank == 1)))
+    if (r->ok + r->failed == nops && (s == NCFSM_STATE_ERROR || sc == CONSISTENT || sc == P2P_OK ||
+                                      ((sc == STALL || sc == LEAVE || sc == P2P_SKIP) && rank == STOPPER)))
       break;
   }
   /* a consistent run: let the last windows' exchanges finish on both ranks */
-  if (sc == CONSISTENT) CHECK(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT) == NCFSM_OK);
+  if (sc == CONSISTENT || sc == P2P_OK) CHECK(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT) == NCFSM_OK);
   r->state = ncfsm_comm_state(c);
   snprintf(r->failure, sizeof r->failure, "%s", ncfsm_comm_failure(c));
   /* STALL: rank 1 stops after 2 ops but its comm stays (and answers rank
    * 0's question: where are you?) until rank 0 is done; LEAVE: its comm goes */
-  if (sc == STALL && rank == 1)
-    for (double until = now_ms() + 15000; !atomic_load(&rank0_done) && now_ms() < until;) {
+  if ((sc == STALL || sc == P2P_SKIP) && rank == STOPPER)
+    for (double until = now_ms() + 15000; !atomic_load(&judge_done) && now_ms() < until;) {
       ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL);
     }
+  if (sc == P2P_SKIP && rank == STOPPER) { /* the judged rank's failure has reached it meanwhile */
+    for (double until = now_ms() + 2000; ncfsm_comm_state(c) == NCFSM_STATE_READY && now_ms() < until;)
+      ncfsm_loop_run(loop, NCFSM_RUN_ONCE);
+    r->state = ncfsm_comm_state(c);
+    snprintf(r->failure, sizeof r->failure, "%s", ncfsm_comm_failure(c));
+  }
 out:
   if (c) {
     if (ncfsm_comm_state(c) != NCFSM_STATE_CLOSED) ncfsm_comm_abort(c);
     ncfsm_comm_release(c);
   }
   if (loop) ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
-  if (rank == 0) atomic_store(&rank0_done, 1);
+  if (rank != STOPPER) atomic_store(&judge_done, 1);
   if (sc == LEAVE && rank == 1)
-    for (double until = now_ms() + 15000; !atomic_load(&rank0_done) && now_ms() < until;) {
+    for (double until = now_ms() + 15000; !atomic_load(&judge_done) && now_ms() < until;) {
       if (loop) ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL);
@@ -154,7 +169,7 @@ static void run(enum scenario s, const char *g) {
   sc = s;
   group = g;
   memset(res, 0, sizeof res);
-  atomic_store(&rank0_done, 0);
+  atomic_store(&judge_done, 0);
   pthread_t th[N];
   for (int r = 0; r < N; r++) pthread_create(&th[r], NULL, rank_main, (void *)(intptr_t)r);
   for (int r = 0; r < N; r++) pthread_join(th[r], NULL);
@@ -224,6 +239,43 @@ static void test_peer_left(void **state) {
   assert_true(res[0].detect_ms < 300);
 }
 
+/* Sends and receives across ranks of other processes (here: the channel
+ * path, as for processes): 12 sends from rank 0 to rank 1, window 4, so
+ * windows of seqs 0, 1-3, 4-7 and 8-11 are exchanged and compared. */
+static void test_p2p_consistent(void **state) {
+  (void)state;
+  run(P2P_OK, "verify-p2p-ok");
+  for (int r = 0; r < N; r++) {
+    assert_int_equal(res[r].state, NCFSM_STATE_READY);
+    assert_int_equal(res[r].ok, OPS);
+  }
+}
+
+/* Rank 1 receives 2 elements at seq 5 where rank 0 sends 4: both comms
+ * fail naming the pair's seq, the field and both values (the window 4-7). */
+static void test_p2p_count(void **state) {
+  (void)state;
+  run(P2P_COUNT, "verify-p2p-count");
+  for (int r = 0; r < N; r++) {
+    assert_int_equal(res[r].state, NCFSM_STATE_ERROR);
+    assert_non_null(strstr(res[r].failure, "send/recv seq 5 from rank 0 to rank 1: count mismatch: rank 0 sends 4, "
+                                           "rank 1 receives 2"));
+  }
+}
+
+/* Rank 0 sends 2 where rank 1 receives 12: rank 1's exchange of seqs 1-3
+ * stalls and names rank 0; rank 0 learns it from rank 1's notice. */
+static void test_p2p_skip(void **state) {
+  (void)state;
+  run(P2P_SKIP, "verify-p2p-skip");
+  assert_int_equal(res[1].state, NCFSM_STATE_ERROR);
+  assert_non_null(strstr(res[1].failure, "receive seq 3 from rank 0 was launched here"));
+  assert_non_null(strstr(res[1].failure, "rank 0 never posted the matching send"));
+  assert_true(res[1].detect_ms >= 300 && res[1].detect_ms < 5000);
+  assert_int_equal(res[0].state, NCFSM_STATE_ERROR);
+  assert_non_null(strstr(res[0].failure, "rank 1's comm failed first"));
+}
+
 /* Without a bootstrap there is no channel: refused at init, with a hint. */
 /* Strict verification exchanges every fingerprint before its launch: it
  * needs a bootstrap (async compares in memory without one). */
@@ -252,6 +304,9 @@ int main(void) {
       cmocka_unit_test(test_stall),
       cmocka_unit_test(test_peer_left),
       cmocka_unit_test(test_peer_failed),
+      cmocka_unit_test(test_p2p_consistent),
+      cmocka_unit_test(test_p2p_count),
+      cmocka_unit_test(test_p2p_skip),
       cmocka_unit_test(test_needs_bootstrap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -169,6 +169,21 @@ static void print_text(const comm *comms, size_t ncomms, const char *verdict, ch
   free(o.p);
 }
 
+/* The finding a comm's summary names: what differs across ranks (fingerprints of a collective
+ * or of a send/recv pair, ranks that never launched an op) comes before what only happened on
+ * some (failures, partial progress): a failure is often the consequence (the verification's
+ * MISMATCH, a peer's NCFSM_ERR_PEER) of the difference that caused it. */
+static size_t lead_finding(const comm *c) {
+  static const int rank[F_COUNT] = {[F_NRANKS] = 0,        [F_MISMATCH] = 1,  [F_HASH] = 2,
+                                    [F_P2P_MISMATCH] = 3,  [F_NOT_REACHED] = 4, [F_P2P_UNMATCHED] = 5,
+                                    [F_FAILED] = 6,        [F_P2P_FAILED] = 7,  [F_PARTIAL] = 8,
+                                    [F_P2P_PARTIAL] = 9,   [F_MISSING_DUMP] = 10};
+  size_t best = 0;
+  for (size_t j = 1; j < c->nf; j++)
+    if (rank[c->f[j].kind] < rank[c->f[best].kind]) best = j;
+  return best;
+}
+
 int report(const comm *comms, size_t ncomms, const strlist *files, int as_json) {
   size_t ndiverged = 0, first = 0;
   for (size_t i = 0; i < ncomms; i++)
@@ -178,7 +193,7 @@ int report(const comm *comms, size_t ncomms, const strlist *files, int as_json) 
   char **summaries = xcalloc(ncomms, sizeof *summaries);
   for (size_t i = 0; i < ncomms; i++) {
     if (comms[i].nf) {
-      summaries[i] = xstrdup(comms[i].f[0].text);
+      summaries[i] = xstrdup(comms[i].f[lead_finding(&comms[i])].text);
     } else {
       sbuf t = {0};
       sb_printf(&t, "consistent: ");
