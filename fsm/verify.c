@@ -131,7 +131,8 @@ static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
   else if (p2p && polled(v) && v->state != NCFSM__VS_BROKEN) { /* counted from seq 0, queued until RUNNING */
     ncfsm__vpairs_launched(v, w);
     if (!c->verify_waits && ncfsm__vpairs_out(v)) mark(v);
-  } else if (!p2p && v->state == NCFSM__VS_RUNNING) {
+  } else if (!p2p && (v->state == NCFSM__VS_RUNNING || v->state == NCFSM__VS_WAITING)) {
+    /* a window launched before the channel runs is queued: every rank posts every window */
     ncfsm__vasync_launched(v);
     if (v->vq_head && !c->verify_waits) mark(v); /* an exchange is out */
   }

@@ -8,6 +8,7 @@
  * before that seq while this one went on (STALLED). Either fails the comm
  * long before a watchdog would, and dumps its recorder.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ struct ncfsm__vreq {
 #define DETAIL_MAX 256 /* fingerprints per rank: the window's first ones (its first difference is the one named) */
 
 struct ncfsm__vdet {
+  ncfsm_boot *ch; /* a channel of its own: the ranks may have posted different numbers of windows */
   ncfsm_fingerprint_t mine[DETAIL_MAX];
   ncfsm_fingerprint_t *all; /* nranks * DETAIL_MAX */
   ncfsm_boot_req *req;
@@ -60,6 +62,7 @@ static void vreq_done(ncfsm_boot_req *req, ncfsm_result_t status, void *arg) {
 
 static void post_due(struct ncfsm__verifier *v) {
   unsigned out = 0;
+  if (!v->boot || v->state != NCFSM__VS_RUNNING) return; /* queued until the channel runs */
   for (struct ncfsm__vreq *q = v->vq_head; q; q = q->next) {
     if (q->req || q->post_rc != NCFSM_OK) {
       if (++out >= POSTED_MAX) return;
@@ -102,6 +105,7 @@ static void vreq_free(struct ncfsm__vreq *q) {
 void ncfsm__vasync_free(struct ncfsm__verifier *v) {
   if (v->det) {
     if (v->det->req) ncfsm_boot_req_free(v->det->req);
+    if (v->det->ch) ncfsm_boot_close(v->det->ch);
     free(v->det->all);
     free(v->det);
     v->det = NULL;
@@ -118,8 +122,10 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
   ncfsm_comm *c = v->c;
   bool progress = false;
   char what[400];
+  post_due(v); /* what queued before the channel ran */
   while (v->vq_head) {
     struct ncfsm__vreq *q = v->vq_head;
+    if (!q->req && q->post_rc == NCFSM_OK) return progress; /* not posted yet */
     if (q->post_rc != NCFSM_OK) {
       snprintf(what, sizeof what, "verification: the bootstrap refused the exchange at seq %llu (%s): %s",
                (unsigned long long)q->mine.seq, ncfsm_err_name(q->post_rc), ncfsm_boot_last_error(v->boot));
@@ -206,7 +212,15 @@ void ncfsm__vasync_post_detail(struct ncfsm__verifier *v) {
   }
   mine_from_recorder(v, d->mine);
   d->t_post = ncfsm__now_ns();
-  d->post_rc = ncfsm_boot_allgather_post(v->boot, d->mine, d->all, sizeof d->mine, &d->req);
+  /* Not on the verifier's channel: when a window differs, each rank may have posted a different
+   * number of later windows there already (at most POSTED_MAX), so a detail posted after them
+   * would pair with another rank's window. Every rank finds the same first window that differs,
+   * so each opens this channel once and posts one exchange on it. */
+  char tag[NCFSM_BOOT_TAG_MAX + 1];
+  snprintf(tag, sizeof tag, "ncfsm.verify.%016" PRIx64 ".detail", c->comm_id);
+  d->post_rc = ncfsm_boot_channel_open(v->boot, tag, NULL, 0, &d->ch);
+  if (d->post_rc != NCFSM_OK) d->ch = NULL;
+  else d->post_rc = ncfsm_boot_allgather_post(d->ch, d->mine, d->all, sizeof d->mine, &d->req);
   if (d->post_rc == NCFSM_OK) ncfsm_boot_req_on_done(d->req, vreq_done, v);
   v->det = d;
 }
@@ -229,7 +243,7 @@ bool ncfsm__vasync_poll_detail(struct ncfsm__verifier *v, uint64_t now) {
   }
   if (r != NCFSM_OK) {
     snprintf(what, sizeof what, "verification: %s; the exchange of that window's fingerprints failed (%s: %s)",
-             v->det_hashes, ncfsm_err_name(r), ncfsm_boot_last_error(v->boot));
+             v->det_hashes, ncfsm_err_name(r), ncfsm_boot_last_error(d->ch ? d->ch : v->boot));
     ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
     return true;
   }

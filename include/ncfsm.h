@@ -260,7 +260,9 @@ typedef enum ncfsm_verify_mode {
                            of one process compare every collective in memory (also Send/Recv
                            pairs); ranks in other processes (ncfsm_comm_init_boot) exchange
                            (seq, rolling hash) every verify_window collectives on a channel of
-                           the comm's bootstrap of their own, without a barrier. A divergence
+                           the comm's bootstrap of their own, without a barrier, and the
+                           count and dtype of each Send/Recv pair's ops on a channel of its two
+                           ranks (its first op, then every min(verify_window, 64)). A divergence
                            fails the comm (NCFSM_ERR_MISMATCH) naming the seq, the field and
                            each rank's value; a window not completed within verify_stall_ms
                            fails it (NCFSM_ERR_TIMEOUT) naming the ranks behind; a rank whose
