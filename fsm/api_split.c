@@ -207,11 +207,15 @@ static void do_split(void *arg) {
     }
     c->comm_id = child_id(q);
     ncfsm__comm_fire(c, NCFSM_EV_INIT_CHILD, NULL); /* CHILD_QUEUED: no handle yet */
-    /* async: the child's ranks in this process compare in memory from its seq 0 */
-    if (c->opts.verify == NCFSM_VERIFY_ASYNC && !c->vops && ncfsm__protocols.attach_verify &&
-        ncfsm__protocols.attach_verify(c, NULL) != NCFSM_OK)
-      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] out of memory: this child runs unverified", c->name);
   }
+  /* async: the child verifies from its seq 0, on a channel of its ranks where the parent verifies
+   * over a bootstrap, else in memory with its ranks in this process (every rank of a split takes
+   * part, a rank of no color too: the colors are exchanged) */
+  if (q->kind != K_GROW && p && ncfsm__protocols.attach_child)
+    ncfsm__protocols.attach_child(p, c, q->kind, q->color, q->key, q->exclude, q->nexclude);
+  else if (c && c->opts.verify == NCFSM_VERIFY_ASYNC && !c->vops && ncfsm__protocols.attach_verify &&
+           ncfsm__protocols.attach_verify(c, NULL) != NCFSM_OK)
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s] out of memory: this child runs unverified", c->name);
   ncfsm__comm_config cfg = {c ? c->opts.blocking : 0, c ? c->opts.device : 0, c ? &c->sim : NULL, c ? c->name : NULL};
   if (!c && p) cfg = (ncfsm__comm_config){p->opts.blocking, p->opts.device, &p->sim, p->name};
   void *pb = p ? p->bcomm : NULL;

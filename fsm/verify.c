@@ -3,6 +3,7 @@
  * reaches it (struct ncfsm__verify_ops). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fsm/verify.h"
 
@@ -179,6 +180,16 @@ static bool on_poll(ncfsm_comm *c, uint64_t now) {
   return progress;
 }
 
+/* The channel, among v->members where the comm is a child (their number must be its size). */
+static bool open_channel(struct ncfsm__verifier *v, char *what, size_t len) {
+  if (v->members && v->nmembers != v->c->nranks) {
+    snprintf(what, len, "verification: the split's colors give this child %d ranks, NCCL %d", v->nmembers,
+             v->c->nranks);
+    return false;
+  }
+  return ncfsm__vchan_open(v, what, len);
+}
+
 static bool poll_states(ncfsm_comm *c, uint64_t now) {
   struct ncfsm__verifier *v = ver(c);
   unsigned f = ncfsm__sflags(c->state);
@@ -193,19 +204,25 @@ static bool poll_states(ncfsm_comm *c, uint64_t now) {
    * completes on none before every rank called it), so a failure notice posted at a comm's first
    * op reaches every rank (a rank that has not opened the channel does not get it). */
   if (v->state == NCFSM__VS_WAITING && v->parent && !v->boot && (f & (NCFSM_SF_WORKS | NCFSM_SF_LIVE)) &&
-      c->state != NCFSM_STATE_ID_QUEUED && c->state != NCFSM_STATE_ID_EXCHANGE && !ncfsm__vchan_open(v, what, sizeof what)) {
+      !v->members_pending && c->nranks > 0 && c->state != NCFSM_STATE_ID_QUEUED && c->state != NCFSM_STATE_ID_EXCHANGE &&
+      !open_channel(v, what, sizeof what)) {
     NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] %s: this comm runs unverified", c->name, c->rank, what);
     ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
     return true;
   }
   if (!(f & NCFSM_SF_WORKS)) {
-    if (f & NCFSM_SF_LIVE) return false; /* still initialising */
+    /* still initialising, or splitting: exchanges out are still taken as they complete (a
+     * split's colors among them) */
+    if (f & NCFSM_SF_LIVE)
+      return v->state == NCFSM__VS_RUNNING && !v->local && v->vq_head && c->opts.verify == NCFSM_VERIFY_ASYNC &&
+             ncfsm__vasync_poll(v, now);
     ncfsm__verify_fire(v, NCFSM__VE_COMM_ENDED, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
     if (v->local) ncfsm__vlocal_quiet(v);
     return false;
   }
   unsigned before = v->state;
-  if (v->state == NCFSM__VS_WAITING || v->state == NCFSM__VS_BROKEN)
+  /* over a channel: RUNNING only once it is open (a split child's waits for its members) */
+  if ((v->state == NCFSM__VS_WAITING && (!v->parent || v->boot)) || v->state == NCFSM__VS_BROKEN)
     ncfsm__verify_fire(v, NCFSM__VE_IN_SERVICE, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
   bool progress = v->state != before;
   if (v->comp) return ncfsm__vcomp_poll(v, now) || progress;
@@ -262,6 +279,7 @@ static void on_free(ncfsm_comm *c) {
   ncfsm__vlocal_free(v);
   ncfsm__vpairs_free(v); /* its channels are channels of the verifier's */
   ncfsm__vchan_free(v); /* after the exchanges: the channel closes with no request out */
+  free(v->members);
   free(v);
   c->ver = NULL;
   c->vops = NULL;
@@ -288,4 +306,61 @@ ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
   return NCFSM_OK;
 }
 
-__attribute__((constructor)) static void plug_in(void) { ncfsm__protocols.attach_verify = ncfsm__verify_attach; }
+/* ---- children ------------------------------------------------------------------------------ */
+
+/* The kinds of fsm/api_split.c's calls. */
+enum { CHILD_SPLIT = 0, CHILD_SHRINK = 1 };
+
+void ncfsm__verify_members(ncfsm_comm *child, const int *members, int n, const char *what) {
+  struct ncfsm__verifier *v = child->ver;
+  if (!v || !v->members_pending) return;
+  v->members_pending = false;
+  if (members && n > 0 && (v->members = malloc((size_t)n * sizeof *members))) {
+    memcpy(v->members, members, (size_t)n * sizeof *members);
+    v->nmembers = n;
+    return; /* a poll once its size is known opens the channel */
+  }
+  NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] verification: %s: this child runs unverified", child->name, child->rank,
+             what);
+  ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
+}
+
+void ncfsm__verify_attach_child(ncfsm_comm *p, ncfsm_comm *child, int kind, int color, int key, const int *exclude,
+                                int nexclude) {
+  struct ncfsm__verifier *pv = p->ver;
+  bool async = child && child->opts.verify == NCFSM_VERIFY_ASYNC && !child->vops;
+  bool channel = pv && pv->parent && !pv->local && p->opts.verify == NCFSM_VERIFY_ASYNC &&
+                 (pv->state == NCFSM__VS_RUNNING || pv->state == NCFSM__VS_WAITING);
+  if (!channel) { /* its ranks in this process compare in memory */
+    if (async && ncfsm__verify_attach(child, NULL) != NCFSM_OK)
+      NCFSM_WARN(NCFSM__SUB_FSM, "[%s] out of memory: this child runs unverified", child->name);
+    return;
+  }
+  if (async && ncfsm__verify_attach(child, pv->parent) != NCFSM_OK) {
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s] out of memory: this child runs unverified", child->name);
+    async = false;
+  }
+  struct ncfsm__verifier *cv = async ? child->ver : NULL;
+  if (kind == CHILD_SHRINK) { /* the ranks that stay, in order: known here */
+    if (!cv) return;
+    cv->members_pending = true;
+    int n = 0, *m = malloc((size_t)p->nranks * sizeof *m);
+    for (int r = 0; m && r < p->nranks; r++) {
+      bool out = false;
+      for (int i = 0; i < nexclude && !out; i++) out = exclude[i] == r;
+      if (!out) m[n++] = pv->members ? pv->members[r] : r;
+    }
+    ncfsm__verify_members(child, m, m ? n : 0, "out of memory for the child's member list");
+    free(m);
+    return;
+  }
+  /* a split: every rank's (color, key), in the parent's queue of exchanges */
+  if (cv) cv->members_pending = true;
+  ncfsm__vasync_split(pv, color, key, cv ? child : NULL);
+  mark(pv);
+}
+
+__attribute__((constructor)) static void plug_in(void) {
+  ncfsm__protocols.attach_verify = ncfsm__verify_attach;
+  ncfsm__protocols.attach_child = ncfsm__verify_attach_child;
+}

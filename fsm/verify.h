@@ -28,6 +28,11 @@ struct ncfsm__verifier {
   struct ncfsm__vchan *chan; /* the channel and its notices */
   struct ncfsm__vpairs *pairs; /* sends and receives over the channel (fsm/verify_pairs.c) */
   bool tell_mismatch; /* the comm's MISMATCH is a send/recv pair's: the ranks outside it are told */
+  /* over a channel: the ranks of parent (the program's bootstrap) that are this comm's, in its
+   * rank order (NULL: every rank of parent, comm rank = bootstrap rank); a split child's are
+   * known once its parent's exchange of colors and keys is done (members_pending until then) */
+  int *members, nmembers;
+  bool members_pending;
   /* async: exchanges posted, oldest first */
   struct ncfsm__vreq *vq_head, *vq_tail;
   /* strict: exchanges to post (queue order), exchanges posted (oldest first) */
@@ -79,6 +84,18 @@ void ncfsm__vlocal_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const
 /* Fire ev on v (what: the report of DIVERGED, STALLED, CHANNEL_FAILED). */
 void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
                         ncfsm_result_t cause, const char *what);
+
+/* A child made from a comm verified over a channel (fsm/api_split.c through
+ * ncfsm__protocols.attach_child): see fsm/verify.c. */
+void ncfsm__verify_attach_child(ncfsm_comm *p, ncfsm_comm *child, int kind, int color, int key, const int *exclude,
+                                int nexclude);
+/* The child's members (bootstrap ranks, in child rank order; NULL: they could not be learnt, the
+ * child runs unverified, why in what). */
+void ncfsm__verify_members(ncfsm_comm *child, const int *members, int n, const char *what);
+
+/* ---- verify_async.c: a split's exchange of every parent rank's (color, key), in the parent's
+ * queue of exchanges (ordered with its windows on every rank) ---- */
+void ncfsm__vasync_split(struct ncfsm__verifier *v, int32_t color, int32_t key, ncfsm_comm *child);
 
 /* ---- verify_pairs.c ---- */
 void ncfsm__vpairs_launched(struct ncfsm__verifier *v, const ncfsm_work *w);

@@ -21,7 +21,9 @@ typedef struct ncfsm__vmsg {
 } ncfsm__vmsg;
 
 struct ncfsm__vreq {
-  ncfsm__vmsg mine;
+  ncfsm__vmsg mine; /* a split's: (color, key) */
+  bool split;       /* every rank's (color, key) of a split, for its child's channel */
+  ncfsm_comm *child; /* the split's child on this rank (a reference), or NULL */
   ncfsm__vmsg *all; /* nranks entries */
   ncfsm_boot_req *req;
   ncfsm_result_t post_rc; /* a post that failed is reported at the next poll */
@@ -74,18 +76,19 @@ static void post_due(struct ncfsm__verifier *v) {
   }
 }
 
-void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
+static struct ncfsm__vreq *vreq_new(struct ncfsm__verifier *v) {
   ncfsm_comm *c = v->c;
-  unsigned win = c->opts.verify_window ? c->opts.verify_window : 1;
-  if (c->coll_seq % win) return;
   struct ncfsm__vreq *q = calloc(1, sizeof *q);
   if (q) q->all = calloc((size_t)c->nranks, sizeof *q->all);
   if (!q || !q->all) {
     free(q);
     ncfsm__verify_fire(v, NCFSM__VE_NO_MEMORY, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NULL);
-    return;
+    return NULL;
   }
-  q->mine = (ncfsm__vmsg){c->coll_seq, c->hash};
+  return q;
+}
+
+static void vreq_queue(struct ncfsm__verifier *v, struct ncfsm__vreq *q) {
   q->t_post = ncfsm__now_ns();
   if (v->vq_tail) v->vq_tail->next = q;
   else v->vq_head = q;
@@ -93,8 +96,58 @@ void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
   post_due(v);
 }
 
+void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
+  ncfsm_comm *c = v->c;
+  unsigned win = c->opts.verify_window ? c->opts.verify_window : 1;
+  if (c->coll_seq % win) return;
+  struct ncfsm__vreq *q = vreq_new(v);
+  if (!q) return;
+  q->mine = (ncfsm__vmsg){c->coll_seq, c->hash};
+  vreq_queue(v, q);
+}
+
+/* The parent is idle at a split (R8): every rank queued the same windows before it. */
+void ncfsm__vasync_split(struct ncfsm__verifier *v, int32_t color, int32_t key, ncfsm_comm *child) {
+  struct ncfsm__vreq *q = vreq_new(v);
+  if (!q) {
+    if (child) ncfsm__verify_members(child, NULL, 0, "out of memory for the split's exchange");
+    return;
+  }
+  q->mine = (ncfsm__vmsg){(uint64_t)(uint32_t)color, (uint64_t)(uint32_t)key};
+  q->split = true;
+  q->child = child;
+  if (child) child->refs++;
+  vreq_queue(v, q);
+}
+
+/* Every parent rank's (color, key) are in: the child's ranks are those of its color, in (key,
+ * parent rank) order (ncclCommSplit's), as ranks of the parent's bootstrap. */
+static void split_done(struct ncfsm__verifier *v, struct ncfsm__vreq *q) {
+  ncfsm_comm *c = v->c, *child = q->child;
+  q->child = NULL;
+  if (!child) return;
+  int n = 0, *m = malloc((size_t)c->nranks * sizeof *m);
+  for (int r = 0; m && r < c->nranks; r++)
+    if (q->all[r].seq == q->mine.seq) { /* insertion by (key, rank) */
+      int k = n++;
+      while (k > 0 && (int32_t)(uint32_t)q->all[m[k - 1]].hash > (int32_t)(uint32_t)q->all[r].hash) {
+        m[k] = m[k - 1];
+        k--;
+      }
+      m[k] = r;
+    }
+  for (int i = 0; m && i < n; i++) m[i] = v->members ? v->members[m[i]] : m[i];
+  ncfsm__verify_members(child, m, m ? n : 0, "out of memory for the child's member list");
+  free(m);
+  ncfsm__comm_unref(child);
+}
+
 static void vreq_free(struct ncfsm__vreq *q) {
   if (q->req) ncfsm_boot_req_free(q->req);
+  if (q->child) { /* dropped before it completed */
+    ncfsm__verify_members(q->child, NULL, 0, "its parent's verification stopped before the split's colors were exchanged");
+    ncfsm__comm_unref(q->child);
+  }
   free(q->all);
   free(q);
 }
@@ -135,10 +188,15 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
     ncfsm_result_t r = ncfsm_boot_test(q->req);
     if (r == NCFSM_ERR_AGAIN) {
       if (c->opts.verify_stall_ms && now > q->t_post && now - q->t_post > c->opts.verify_stall_ms * 1000000ull) {
-        snprintf(what, sizeof what,
-                 "verification: not every rank reached collective seq %llu within %llu ms of this rank",
-                 (unsigned long long)q->mine.seq, (unsigned long long)c->opts.verify_stall_ms);
-        ncfsm__vchan_stalled(v, q->req, q->mine.seq, what); /* the others are asked how far they are */
+        if (q->split)
+          snprintf(what, sizeof what, "verification: not every rank reached the split after collective seq %llu "
+                   "within %llu ms of this rank", (unsigned long long)c->coll_seq,
+                   (unsigned long long)c->opts.verify_stall_ms);
+        else
+          snprintf(what, sizeof what,
+                   "verification: not every rank reached collective seq %llu within %llu ms of this rank",
+                   (unsigned long long)q->mine.seq, (unsigned long long)c->opts.verify_stall_ms);
+        ncfsm__vchan_stalled(v, q->req, q->split ? c->coll_seq : q->mine.seq, what); /* the others are asked how far they are */
         return true;
       }
       return progress;
@@ -152,6 +210,15 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
                (unsigned long long)q->mine.seq, ncfsm_err_name(r), ncfsm_boot_last_error(v->boot));
       ncfsm__verify_fire(v, NCFSM__VE_CHANNEL_FAILED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BOOTSTRAP, what);
       return true;
+    }
+    if (q->split) {
+      split_done(v, q);
+      v->vq_head = q->next;
+      if (!v->vq_head) v->vq_tail = NULL;
+      vreq_free(q);
+      post_due(v);
+      progress = true;
+      continue;
     }
     int bad = -1;
     for (int i = 0; i < c->nranks && bad < 0; i++)

@@ -159,7 +159,7 @@ bool ncfsm__vchan_open(struct ncfsm__verifier *v, char *why, size_t len) {
     return false;
   }
   vc->nranks = n;
-  ncfsm_result_t r = ncfsm_boot_channel_open(v->parent, tag, NULL, 0, &vc->ch);
+  ncfsm_result_t r = ncfsm_boot_channel_open(v->parent, tag, v->members, v->members ? n : 0, &vc->ch);
   if (r == NCFSM_OK) r = ncfsm_boot_on_notice(vc->ch, on_notice, vc);
   if (r != NCFSM_OK) {
     snprintf(why, len, "verification: its channel '%s' could not be opened on the comm's bootstrap (%s: %s)", tag,

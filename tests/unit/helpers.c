@@ -1,6 +1,14 @@
-#include "helpers.h"
-
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
 
 #include "fsm/objects.h"
 
@@ -102,4 +110,55 @@ bool has_backend_comm(ncfsm_comm *c) {
   bool b = c->bcomm != NULL;
   pthread_mutex_unlock(&c->loop->mu);
   return b;
+}
+
+int test_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+int test_run_tcp_ranks(int n, const char *token, int (*rank_main)(int rank, void *arg), void *arg) {
+  int port = test_free_port();
+  if (port < 0) return n;
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  pid_t pid[64];
+  if (n > 64) return n;
+  fflush(stdout);
+  for (int r = 0; r < n; r++) {
+    pid[r] = fork();
+    if (pid[r] < 0) return n;
+    if (pid[r] == 0) {
+      char rs[16], ns[16];
+      snprintf(rs, sizeof rs, "%d", r);
+      snprintf(ns, sizeof ns, "%d", n);
+      setenv("NCFSM_STORE_ADDR", addr, 1);
+      setenv("NCFSM_STORE_TOKEN", token, 1);
+      setenv("NCFSM_RANK", rs, 1);
+      setenv("NCFSM_WORLD_SIZE", ns, 1);
+      setenv("NCFSM_STORE_HOST", r == 0 ? "1" : "0", 1);
+      unsetenv("PMIX_RANK");
+      unsetenv("NCFSM_BOOTSTRAP");
+      alarm(90);
+      int rc = rank_main(r, arg);
+      fflush(stdout);
+      _exit(rc);
+    }
+  }
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    int st = 0;
+    if (waitpid(pid[r], &st, 0) != pid[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "rank %d failed: %s %d\n", r, WIFEXITED(st) ? "exit" : "signal",
+              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      failed++;
+    }
+  }
+  return failed;
 }

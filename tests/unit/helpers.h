@@ -44,4 +44,12 @@ uint64_t backend_calls(ncfsm_comm *c);
 /* The comm has an NCCL (sim) communicator now. */
 bool has_backend_comm(ncfsm_comm *c);
 
+/* A free TCP port on the loopback (-1: none). */
+int test_free_port(void);
+/* n processes meeting through a TCP store at addr (rank 0 hosts it), as a launcher without
+ * PMIx starts them: each gets NCFSM_STORE_ADDR, _TOKEN, NCFSM_RANK, NCFSM_WORLD_SIZE (and
+ * NCFSM_STORE_HOST=1 on rank 0) and runs rank_main(rank, arg), its return value the exit code;
+ * the parent waits for all and returns how many failed (each named on stderr). */
+int test_run_tcp_ranks(int n, const char *token, int (*rank_main)(int rank, void *arg), void *arg);
+
 #endif

@@ -20,18 +20,6 @@
 
 #define N 3
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-      getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-    return -1;
-  int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
 /* One rank; returns 0 on success, else the step that failed. */
 static int rank_main(int rank) {
   ncfsm_loop *loop = NULL;
@@ -94,38 +82,14 @@ static int rank_main(int rank) {
   return 0;
 }
 
+static int rank_of(int rank, void *arg) {
+  (void)arg;
+  return rank_main(rank);
+}
+
 static void test_tcp_store_env_bootstrap(void **state) {
   (void)state;
-  int port = free_port();
-  assert_true(port > 0);
-  char addr[64];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-  pid_t pid[N];
-  for (int r = 0; r < N; r++) {
-    pid[r] = fork();
-    assert_true(pid[r] >= 0);
-    if (pid[r] == 0) {
-      char rs[16], ns[16];
-      snprintf(rs, sizeof rs, "%d", r);
-      snprintf(ns, sizeof ns, "%d", N);
-      setenv("NCFSM_STORE_ADDR", addr, 1);
-      setenv("NCFSM_STORE_TOKEN", "test-token-7c1e", 1);
-      setenv("NCFSM_RANK", rs, 1);
-      setenv("NCFSM_WORLD_SIZE", ns, 1);
-      setenv("NCFSM_STORE_HOST", r == 0 ? "1" : "0", 1);
-      unsetenv("PMIX_RANK");
-      unsetenv("NCFSM_BOOTSTRAP");
-      alarm(60);
-      _exit(rank_main(r));
-    }
-  }
-  for (int r = 0; r < N; r++) {
-    int st = 0;
-    assert_int_equal(waitpid(pid[r], &st, 0), pid[r]);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-      fail_msg("rank %d failed: %s %d", r, WIFEXITED(st) ? "at step" : "signal",
-               WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-  }
+  assert_int_equal(test_run_tcp_ranks(N, "test-token-7c1e", rank_of, NULL), 0);
 }
 
 int main(void) {
