@@ -260,7 +260,10 @@ static const char *on_state_name(const ncfsm_comm *c) { return ncfsm__m_verify.s
 static void on_stall_due(ncfsm_comm *c) {
   struct ncfsm__verifier *v = ver(c);
   if (v->local) ncfsm__vlocal_stall_due(v);
-  else ncfsm__vchan_wake(v); /* its exchanges look at their own bound */
+  else { /* its exchanges look at their own bound; a send or receive of a window not exchanged asks */
+    ncfsm__vpairs_stall_due(v);
+    ncfsm__vchan_wake(v);
+  }
 }
 
 static void on_ended(ncfsm_comm *c) {

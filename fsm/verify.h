@@ -105,11 +105,26 @@ bool ncfsm__vpairs_poll(struct ncfsm__verifier *v, uint64_t now);
 void ncfsm__vpairs_drop(struct ncfsm__verifier *v);
 void ncfsm__vpairs_close(struct ncfsm__verifier *v); /* before the verifier's channel closes */
 void ncfsm__vpairs_free(struct ncfsm__verifier *v);
+/* This rank's next seq in its sends to peer (send) or its receives from it: for a peer's question. */
+uint64_t ncfsm__vpairs_next(const struct ncfsm__verifier *v, int peer, bool send);
+/* The watchdog saw a launch older than the stall bound: an op of a window not exchanged yet asks its peer. */
+void ncfsm__vpairs_stall_due(struct ncfsm__verifier *v);
+
+/* The lists of c's works in flight (at most 65): the launch in progress, then each stream's queue. */
+int ncfsm__verify_inflight(const ncfsm_comm *c, const ncfsm_work **lists);
 
 /* ---- verify_channel.c ---- */
+/* How long a question to the other ranks waits for answers: a quarter of the stall bound,
+ * 100 to 1000 ms (a loaded machine's loop may take tens of ms to turn; a rank named silent
+ * must really be). */
+uint64_t ncfsm__vchan_answer_bound_ns(const ncfsm_comm *c);
 ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v);
 bool ncfsm__vchan_open(struct ncfsm__verifier *v, char *why, size_t len); /* false: why */
 void ncfsm__vchan_free(struct ncfsm__verifier *v);
+/* Send/recv pairs (fsm/verify_pairs.c): ask peer how far it is in the direction opposite to this
+ * rank's sends to it (send) or receives from it; its answer, once there (true, its next seq). */
+void ncfsm__vchan_pair_ask(struct ncfsm__verifier *v, int peer, bool send, uint64_t seq);
+bool ncfsm__vchan_pair_answer(struct ncfsm__verifier *v, int peer, bool send, uint64_t *next);
 void ncfsm__vchan_retire(struct ncfsm__verifier *v); /* stopped: close the channel once nothing is left to post */
 bool ncfsm__vchan_open_now(const struct ncfsm__verifier *v);
 bool ncfsm__vchan_busy(const struct ncfsm__verifier *v);

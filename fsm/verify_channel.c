@@ -32,21 +32,27 @@
 #include "fsm/verify.h"
 #include "ncfsm/bootstrap.h"
 
-/* The kind of a notice: the low two bits of its key (the rest: the comm id). */
-enum { K_FAILED = 1, K_ASK = 2, K_ANSWER = 3 };
+/* The kind of a notice: the low two bits of its key (the rest: the comm id). K_PAIR: a question
+ * about one direction of a send/recv pair and its answer (fsm/verify_pairs.c): cause is the
+ * direction as seen by the poster (0: its sends to the target, 1: its receives from it; +2 in an
+ * answer), seq the op's seq (question) or the answerer's next seq that way (answer), what
+ * "pair <target rank>". */
+enum { K_PAIR = 0, K_FAILED = 1, K_ASK = 2, K_ANSWER = 3 };
 #define KEY(c, k) (((c)->comm_id & ~(uint64_t)3) | (k))
 
 /* Bits of the attention word, which the engine reads inline to know whether the verifier
  * needs a turn (c->verify_att): notices filed by the callback, this rank's failure to post,
  * and exchanges or a state to poll (ncfsm__vchan_mark). */
-enum { IN_FAILED = 1u, IN_ASK = 2u, IN_ANSWER = 4u, IN_POST = 8u, IN_WORK = 16u, IN_DONE = 32u };
+enum { IN_FAILED = 1u, IN_ASK = 2u, IN_ANSWER = 4u, IN_POST = 8u, IN_WORK = 16u, IN_DONE = 32u, IN_PAIR = 64u };
+
+#define PAIR_Q 16 /* questions about pairs kept to answer (more: dropped; the asker names no answer) */
 
 struct ncfsm__vchan {
   ncfsm_boot *ch;    /* the channel; NULL until opened */
   struct event *stall_tm; /* while exchanges are out: a look at their stall bound every quarter of it */
   uint64_t stall_us;
   ncfsm_loop *loop;  /* kicked by the callback */
-  int nranks;
+  int nranks, rank;
   pthread_mutex_t mu; /* the inbox, filed by the callback */
   _Atomic unsigned att;
   ncfsm_boot_notice failed; /* the first failure of another rank */
@@ -62,6 +68,11 @@ struct ncfsm__vchan {
   uint64_t ask_mine, ask_t0, ask_bound_ns;
   ncfsm_boot_req *ask_req; /* the stalled exchange (owned by its queue) */
   char ask_text[400];
+  /* send/recv pairs: questions of other ranks to answer, and answers to this rank's */
+  struct { int from, dir; } pair_q[PAIR_Q];
+  int npair_q;
+  struct { int from, dir; uint64_t next; } pair_a[PAIR_Q];
+  int npair_a;
 };
 
 static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
@@ -75,6 +86,19 @@ static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
   } else if (k == K_ASK) {
     if (n->seq > vc->ask_seq || !(atomic_load(&vc->att) & IN_ASK)) vc->ask_seq = n->seq;
     atomic_fetch_or(&vc->att, IN_ASK);
+  } else if (k == K_PAIR && n->origin >= 0 && n->origin < vc->nranks) {
+    int target = -1;
+    if (sscanf(n->what, "pair %d", &target) == 1 && target == vc->rank) {
+      if (n->cause < 2 && vc->npair_q < PAIR_Q) {
+        vc->pair_q[vc->npair_q].from = n->origin;
+        vc->pair_q[vc->npair_q++].dir = n->cause;
+      } else if (n->cause >= 2 && n->cause < 4 && vc->npair_a < PAIR_Q) {
+        vc->pair_a[vc->npair_a].from = n->origin;
+        vc->pair_a[vc->npair_a].dir = n->cause - 2;
+        vc->pair_a[vc->npair_a++].next = n->seq;
+      }
+      atomic_fetch_or(&vc->att, IN_PAIR);
+    }
   } else if (k == K_ANSWER && n->origin >= 0 && n->origin < vc->nranks && n->seq != UINT64_MAX) {
     /* an answer to an earlier ASK says the rank is at least as far: keep the highest */
     if (!vc->answered[n->origin] || n->seq > vc->ans_seq[n->origin]) vc->ans_seq[n->origin] = n->seq;
@@ -115,6 +139,7 @@ ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v) {
   /* an exchange out is not polled (its callback wakes the verifier): a timer looks at the
    * stall bound while some are out */
   vc->stall_us = v->c->opts.verify_stall_ms * 250ull;
+  v->c->verify_stall_ns = v->c->opts.verify_stall_ms * 1000000ull; /* the watchdog's part: sends and receives */
   if (vc->stall_us && !(vc->stall_tm = evtimer_new(ncfsm_loop_base(v->c->loop), stall_look, v))) {
     pthread_mutex_destroy(&vc->mu);
     free(vc);
@@ -159,6 +184,7 @@ bool ncfsm__vchan_open(struct ncfsm__verifier *v, char *why, size_t len) {
     return false;
   }
   vc->nranks = n;
+  vc->rank = c->rank;
   ncfsm_result_t r = ncfsm_boot_channel_open(v->parent, tag, v->members, v->members ? n : 0, &vc->ch);
   if (r == NCFSM_OK) r = ncfsm_boot_on_notice(vc->ch, on_notice, vc);
   if (r != NCFSM_OK) {
@@ -273,6 +299,50 @@ static void post_failure(struct ncfsm__verifier *v) {
   post(v, &vc->fail_out);
 }
 
+/* Questions of other ranks about a direction of a pair: this rank's next seq that way (its
+ * receives from the asker where the asker sends, its sends where it receives). */
+static void answer_pairs(struct ncfsm__verifier *v) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!(atomic_load_explicit(&vc->att, memory_order_acquire) & IN_PAIR)) return;
+  pthread_mutex_lock(&vc->mu);
+  int nq = vc->npair_q;
+  __typeof__(vc->pair_q[0]) q[PAIR_Q];
+  memcpy(q, vc->pair_q, sizeof q);
+  vc->npair_q = 0;
+  if (!vc->npair_a) atomic_fetch_and(&vc->att, ~IN_PAIR);
+  pthread_mutex_unlock(&vc->mu);
+  for (int i = 0; i < nq; i++) {
+    ncfsm_boot_notice a = {.key = KEY(v->c, K_PAIR), .seq = ncfsm__vpairs_next(v, q[i].from, q[i].dir == 1),
+                           .cause = 2 + q[i].dir};
+    snprintf(a.what, sizeof a.what, "pair %d", q[i].from);
+    post(v, &a);
+  }
+}
+
+void ncfsm__vchan_pair_ask(struct ncfsm__verifier *v, int peer, bool send, uint64_t seq) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || !vc->ch) return;
+  ncfsm_boot_notice q = {.key = KEY(v->c, K_PAIR), .seq = seq, .cause = send ? 0 : 1};
+  snprintf(q.what, sizeof q.what, "pair %d", peer);
+  post(v, &q);
+}
+
+bool ncfsm__vchan_pair_answer(struct ncfsm__verifier *v, int peer, bool send, uint64_t *next) {
+  struct ncfsm__vchan *vc = v->chan;
+  bool got = false;
+  if (!vc) return false;
+  pthread_mutex_lock(&vc->mu);
+  for (int i = 0; i < vc->npair_a && !got; i++)
+    if (vc->pair_a[i].from == peer && vc->pair_a[i].dir == (send ? 0 : 1)) {
+      *next = vc->pair_a[i].next;
+      vc->pair_a[i] = vc->pair_a[--vc->npair_a];
+      got = true;
+    }
+  if (!vc->npair_a && !vc->npair_q) atomic_fetch_and(&vc->att, ~IN_PAIR);
+  pthread_mutex_unlock(&vc->mu);
+  return got;
+}
+
 bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
   struct ncfsm__vchan *vc = v->chan;
   ncfsm_comm *c = v->c;
@@ -281,6 +351,7 @@ bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
   if (!vc->ch) return false;
   if (v->state != NCFSM__VS_ASKING) atomic_fetch_and_explicit(&vc->att, ~IN_ANSWER, memory_order_relaxed); /* late */
   unsigned att = atomic_load_explicit(&vc->att, memory_order_acquire);
+  if (att & IN_PAIR) answer_pairs(v);
   if (!(att & (IN_FAILED | IN_ASK))) return false;
   pthread_mutex_lock(&vc->mu);
   bool failed = att & IN_FAILED;
@@ -313,6 +384,11 @@ void ncfsm__vchan_stalled(struct ncfsm__verifier *v, ncfsm_boot_req *req, uint64
   ncfsm__verify_fire(v, NCFSM__VE_STALL_SUSPECTED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, NULL);
 }
 
+uint64_t ncfsm__vchan_answer_bound_ns(const ncfsm_comm *c) {
+  uint64_t b = c->opts.verify_stall_ms / 4;
+  return (b < 100 ? 100 : b > 1000 ? 1000 : b) * 1000000ull;
+}
+
 /* Action ask: the others' answers are collected for at most a quarter of the
  * stall bound (100 to 1000 ms: a loaded machine's loop may take tens of ms to
  * turn, and a rank named silent must really be). */
@@ -323,8 +399,7 @@ void ncfsm__vchan_ask(struct ncfsm__verifier *v) {
   memset(vc->answered, 0, (size_t)vc->nranks);
   atomic_fetch_and(&vc->att, ~IN_ANSWER);
   pthread_mutex_unlock(&vc->mu);
-  uint64_t b = c->opts.verify_stall_ms / 4;
-  vc->ask_bound_ns = (b < 100 ? 100 : b > 1000 ? 1000 : b) * 1000000ull;
+  vc->ask_bound_ns = ncfsm__vchan_answer_bound_ns(c);
   vc->ask_t0 = ncfsm__now_ns();
   ncfsm_boot_notice a = {.key = KEY(c, K_ASK), .seq = vc->ask_mine};
   post(v, &a);

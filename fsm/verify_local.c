@@ -348,8 +348,7 @@ static bool compare_p2p(struct ncfsm__verifier *v, char *what, size_t len) {
   return false;
 }
 
-/* The lists of c's works in flight: the launch in progress, then each stream's queue. */
-static int inflight_lists(const ncfsm_comm *c, const ncfsm_work **lists) {
+int ncfsm__verify_inflight(const ncfsm_comm *c, const ncfsm_work **lists) {
   int nl = 0;
   lists[nl++] = c->launching;
   for (int i = 0; i < c->nsq && nl < 65; i++) lists[nl++] = c->sq[i].head;
@@ -361,7 +360,7 @@ static int inflight_lists(const ncfsm_comm *c, const ncfsm_work **lists) {
  * complete together behind one event on each stream)? */
 static bool completes_before(const ncfsm_comm *c, uint64_t s) {
   const ncfsm_work *lists[1 + 64];
-  int nl = inflight_lists(c, lists);
+  int nl = ncfsm__verify_inflight(c, lists);
   for (int a = 0; a < nl; a++)
     for (const ncfsm_work *w = lists[a]; w; w = w->next) {
       if (!collective(w) || w->fp.seq >= s) continue;
@@ -380,7 +379,7 @@ static bool p2p_stalled(struct ncfsm__verifier *v, uint64_t now, uint64_t stall_
   ncfsm_comm *c = v->c;
   struct ncfsm__lv *lv = v->local;
   const ncfsm_work *lists[1 + 64];
-  int nl = inflight_lists(c, lists);
+  int nl = ncfsm__verify_inflight(c, lists);
   for (int a = 0; a < nl; a++)
     for (const ncfsm_work *w = lists[a]; w; w = w->next) {
       if (!is_p2p(&w->fp) || now < w->t_launch || now - w->t_launch < stall_ns) continue;

@@ -15,10 +15,12 @@
  * verify_stall_ms names the peer: it never launched its side of that
  * window (stopped, skipped an op, or far behind).
  *
- * What this does not see: a mismatch inside a window is named only once
- * both ranks launched the whole window; the ops of a window that never
- * fills (the program stops sending) are checked by nobody, and a rank
- * waiting on such an op is found by the watchdog.
+ * An op of a window not exchanged yet (it never fills: the program stopped
+ * sending) that waits past verify_stall_ms asks its peer, by a notice on the
+ * verifier's channel, how far it is that way: a peer that never posted the
+ * matching op is named with its last seq; one that did has the pair in
+ * NCCL (the watchdog's bound applies). What this does not see: a count or
+ * type mismatch inside a window that never fills.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -62,6 +64,8 @@ typedef struct vdir {
   pex *head, *tail;  /* exchanges: posted first, then queued */
   struct vdir *act;  /* the list of directions with exchanges */
   bool listed;
+  bool asking;       /* its peer was asked how far it is (asked_seq: this rank's op waiting) */
+  uint64_t asked_seq, ask_t0;
 } vdir;
 
 struct ncfsm__vpairs {
@@ -69,6 +73,8 @@ struct ncfsm__vpairs {
   int nranks;
   vdir *act;   /* directions with exchanges, posted or queued */
   bool out_of_memory;
+  bool stall_due; /* the watchdog saw a launch older than the stall bound */
+  int nasking;    /* directions whose peer was asked */
 };
 
 #define POSTED_MAX 4 /* per direction: later windows wait in its queue */
@@ -175,7 +181,74 @@ void ncfsm__vpairs_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
 }
 
 /* Exchanges posted or queued: the comm's waits go on while there are. */
-bool ncfsm__vpairs_out(const struct ncfsm__verifier *v) { return v->pairs && v->pairs->act; }
+bool ncfsm__vpairs_out(const struct ncfsm__verifier *v) { return v->pairs && (v->pairs->act || v->pairs->nasking); }
+
+uint64_t ncfsm__vpairs_next(const struct ncfsm__verifier *v, int peer, bool send) {
+  const struct ncfsm__vpairs *ps = v->pairs;
+  if (!ps || peer < 0 || peer >= ps->nranks) return 0;
+  const vdir *d = ps->dirs[2 * peer + !send];
+  return d ? d->next : 0;
+}
+
+void ncfsm__vpairs_stall_due(struct ncfsm__verifier *v) {
+  if (v->pairs) v->pairs->stall_due = true;
+}
+
+/* The watchdog said a launch is older than the stall bound: each send or receive waiting that
+ * long whose window was not exchanged yet asks its peer (once per op). */
+static void ask_waiting(struct ncfsm__verifier *v, uint64_t now) {
+  ncfsm_comm *c = v->c;
+  struct ncfsm__vpairs *ps = v->pairs;
+  uint64_t stall = c->opts.verify_stall_ms * 1000000ull;
+  const ncfsm_work *lists[65];
+  int nl = ncfsm__verify_inflight(c, lists);
+  for (int a = 0; a < nl; a++)
+    for (const ncfsm_work *w = lists[a]; w; w = w->next) {
+      bool send = w->fp.op == NCFSM_KIND_SEND;
+      if ((!send && w->fp.op != NCFSM_KIND_RECV) || !w->t_launch || now < w->t_launch || now - w->t_launch <= stall)
+        continue;
+      int p = w->fp.peer;
+      vdir *d = p >= 0 && p < ps->nranks ? ps->dirs[2 * p + !send] : NULL;
+      if (!d || d->asking || w->fp.seq < d->cur.lo || (d->asked_seq == w->fp.seq && d->ask_t0)) continue;
+      d->asking = true;
+      d->asked_seq = w->fp.seq;
+      d->ask_t0 = now;
+      ps->nasking++;
+      ncfsm__vchan_pair_ask(v, p, send, w->fp.seq);
+    }
+}
+
+/* A direction whose peer was asked: its answer names the peer, or clears it (the peer posted
+ * the op: NCCL has the pair); no answer within the bound names it silent. */
+static bool judge_asked(struct ncfsm__verifier *v, vdir *d, uint64_t now) {
+  ncfsm_comm *c = v->c;
+  uint64_t next = 0, bound = ncfsm__vchan_answer_bound_ns(c);
+  const char *mine = d->send ? "send" : "receive", *theirs = d->send ? "receive" : "send";
+  char what[520], where[80];
+  bool answered = ncfsm__vchan_pair_answer(v, d->peer, d->send, &next);
+  if (answered && next > d->asked_seq) { /* posted: not a stall of the verifier's to name */
+    d->asking = false;
+    v->pairs->nasking--;
+    return false;
+  }
+  if (!answered && now - d->ask_t0 < bound) return false;
+  if (answered && next)
+    snprintf(where, sizeof where, "its last %s %s rank %d is seq %" PRIu64, theirs, d->send ? "from" : "to", c->rank,
+             next - 1);
+  else if (answered)
+    snprintf(where, sizeof where, "it posted no %s %s rank %d", theirs, d->send ? "from" : "to", c->rank);
+  else
+    snprintf(where, sizeof where, "it did not answer within %" PRIu64 " ms", bound / 1000000u);
+  snprintf(what, sizeof what,
+           "verification: %s seq %" PRIu64 " %s rank %d waited more than %llu ms; rank %d never posted the matching "
+           "%s (%s): it stopped, skipped it or is far behind",
+           mine, d->asked_seq, d->send ? "to" : "from", d->peer, (unsigned long long)c->opts.verify_stall_ms, d->peer,
+           theirs, where);
+  d->asking = false;
+  v->pairs->nasking--;
+  ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+  return true;
+}
 
 /* The channel runs (RUNNING): what queued meanwhile is posted. */
 void ncfsm__vpairs_post(struct ncfsm__verifier *v) {
@@ -257,6 +330,10 @@ bool ncfsm__vpairs_poll(struct ncfsm__verifier *v, uint64_t now) {
   struct ncfsm__vpairs *ps = v->pairs;
   bool progress = false, fired = false;
   if (!ps) return false;
+  if (ps->stall_due && v->c->opts.verify_stall_ms) ask_waiting(v, now);
+  ps->stall_due = false; /* the watchdog says again while it holds */
+  for (int i = 0; ps->nasking && i < 2 * ps->nranks; i++)
+    if (ps->dirs[i] && ps->dirs[i]->asking && judge_asked(v, ps->dirs[i], now)) return true;
   for (vdir **at = &ps->act; *at && !fired;) {
     vdir *d = *at;
     while (d->head && poll_head(v, d, now, &fired)) progress = true;
@@ -289,6 +366,9 @@ void ncfsm__vpairs_drop(struct ncfsm__verifier *v) {
     d->listed = false;
   }
   ps->act = NULL;
+  for (int i = 0; i < 2 * ps->nranks; i++)
+    if (ps->dirs[i]) ps->dirs[i]->asking = false;
+  ps->nasking = 0;
 }
 
 /* Before the verifier's channel closes: its pairs' channels (nothing is out any more). */

@@ -19,10 +19,10 @@
 #define N 2
 #define OPS 12
 
-enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL, P2P_OK, P2P_COUNT, P2P_SKIP };
-#define P2P(s) ((s) == P2P_OK || (s) == P2P_COUNT || (s) == P2P_SKIP)
+enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL, P2P_OK, P2P_COUNT, P2P_SKIP, P2P_PARTIAL };
+#define P2P(s) ((s) == P2P_OK || (s) == P2P_COUNT || (s) == P2P_SKIP || (s) == P2P_PARTIAL)
 /* the rank that stops early (STALL, LEAVE: rank 1; P2P_SKIP: rank 0, the sender) and the one judged */
-#define STOPPER (sc == P2P_SKIP ? 0 : 1)
+#define STOPPER (sc == P2P_SKIP || sc == P2P_PARTIAL ? 0 : 1)
 
 struct rank_result {
   const char *fail_at;
@@ -89,12 +89,13 @@ static void *rank_main(void *arg) {
   o.timeout_ms = 20000; /* the watchdog: far later than verification must act */
   o.verify = NCFSM_VERIFY_ASYNC;
   o.verify_window = 4;
-  o.verify_stall_ms = sc == STALL || sc == LEAVE || sc == P2P_SKIP ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
+  o.verify_stall_ms = sc == STALL || sc == LEAVE || sc == P2P_SKIP || sc == P2P_PARTIAL ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
   o.name = "verify";
   CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
   CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
   CHECK(ncfsm_comm_wait_state(c, NCFSM_STATE_READY, 10000) == NCFSM_OK);
   int nops = (sc == STALL || sc == LEAVE || sc == P2P_SKIP) && rank == STOPPER ? 2 : OPS;
+  if (sc == P2P_PARTIAL) nops = rank == STOPPER ? 5 : 6; /* the window of seqs 4-7 never fills */
   if (sc == FAIL) { /* a warm-up both ranks complete: both verifiers are in service, their channels open (a
                      * notice reaches only the ranks that opened the channel: docs/ordering.md) */
     ncfsm_work *w = NULL;
@@ -126,7 +127,7 @@ static void *rank_main(void *arg) {
     ncfsm_state_t s = ncfsm_comm_state(c);
     if (s == NCFSM_STATE_ERROR && r->detect_ms == 0) r->detect_ms = now_ms() - t0;
     if (r->ok + r->failed == nops && (s == NCFSM_STATE_ERROR || sc == CONSISTENT || sc == P2P_OK ||
-                                      ((sc == STALL || sc == LEAVE || sc == P2P_SKIP) && rank == STOPPER)))
+                                      ((sc == STALL || sc == LEAVE || sc == P2P_SKIP || sc == P2P_PARTIAL) && rank == STOPPER)))
       break;
   }
   /* a consistent run: let the last windows' exchanges finish on both ranks */
@@ -135,13 +136,13 @@ static void *rank_main(void *arg) {
   snprintf(r->failure, sizeof r->failure, "%s", ncfsm_comm_failure(c));
   /* STALL: rank 1 stops after 2 ops but its comm stays (and answers rank
    * 0's question: where are you?) until rank 0 is done; LEAVE: its comm goes */
-  if ((sc == STALL || sc == P2P_SKIP) && rank == STOPPER)
+  if ((sc == STALL || sc == P2P_SKIP || sc == P2P_PARTIAL) && rank == STOPPER)
     for (double until = now_ms() + 15000; !atomic_load(&judge_done) && now_ms() < until;) {
       ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT);
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL);
     }
-  if (sc == P2P_SKIP && rank == STOPPER) { /* the judged rank's failure has reached it meanwhile */
+  if ((sc == P2P_SKIP || sc == P2P_PARTIAL) && rank == STOPPER) { /* the judged rank's failure has reached it meanwhile */
     for (double until = now_ms() + 2000; ncfsm_comm_state(c) == NCFSM_STATE_READY && now_ms() < until;)
       ncfsm_loop_run(loop, NCFSM_RUN_ONCE);
     r->state = ncfsm_comm_state(c);
@@ -276,6 +277,19 @@ static void test_p2p_skip(void **state) {
   assert_non_null(strstr(res[0].failure, "rank 1's comm failed first"));
 }
 
+/* Rank 0 sends 5 where rank 1 receives 6: the window of seqs 4-7 never
+ * fills, so no exchange covers seq 5; rank 1's receive waits past the stall
+ * bound, asks rank 0 how far its sends are, and names it with its last seq. */
+static void test_p2p_partial_window(void **state) {
+  (void)state;
+  run(P2P_PARTIAL, "verify-p2p-partial");
+  assert_int_equal(res[1].state, NCFSM_STATE_ERROR);
+  assert_non_null(strstr(res[1].failure, "receive seq 5 from rank 0 waited more than 300 ms; rank 0 never posted the "
+                                         "matching send (its last send to rank 1 is seq 4)"));
+  assert_int_equal(res[0].state, NCFSM_STATE_ERROR);
+  assert_non_null(strstr(res[0].failure, "rank 1's comm failed first"));
+}
+
 /* Without a bootstrap there is no channel: refused at init, with a hint. */
 /* Strict verification exchanges every fingerprint before its launch: it
  * needs a bootstrap (async compares in memory without one). */
@@ -307,6 +321,7 @@ int main(void) {
       cmocka_unit_test(test_p2p_consistent),
       cmocka_unit_test(test_p2p_count),
       cmocka_unit_test(test_p2p_skip),
+      cmocka_unit_test(test_p2p_partial_window),
       cmocka_unit_test(test_needs_bootstrap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
