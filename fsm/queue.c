@@ -13,7 +13,7 @@ void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b) {
     ncfsm_comm *c = l->c;
     l->b = b;
     l->next = NULL;
-    if (c->vops)
+    if (c->vops && c->opts.verify == NCFSM_VERIFY_STRICT) /* only strict looks at works as they queue */
       for (ncfsm_work *w = b->head; w; w = w->bnext)
         if (w->comm == c && w->fp.peer < 0) c->vops->queued(c, w);
     if (c->bq_tail) c->bq_tail->next = l;

@@ -126,14 +126,19 @@ static void on_queued(ncfsm_comm *c, ncfsm_work *w) {
 
 static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
   struct ncfsm__verifier *v = ver(c);
+  if (v->local) {
+    ncfsm__vlocal_launched(v, w); /* every launch, in every state: its peers compare it */
+    return;
+  }
   bool p2p = w->fp.op == NCFSM_KIND_SEND || w->fp.op == NCFSM_KIND_RECV;
-  if (v->local) ncfsm__vlocal_launched(v, w); /* every launch, in every state: its peers compare it */
-  else if (c->opts.verify != NCFSM_VERIFY_ASYNC) return;
-  else if (p2p && polled(v) && v->state != NCFSM__VS_BROKEN) { /* counted from seq 0, queued until RUNNING */
+  if (!p2p && c->coll_seq < v->next_window) return; /* the common case: no window due */
+  /* in every state that still verifies (windows and sends are counted from seq 0 and queued
+   * until the channel runs: every rank posts every one) */
+  if (c->opts.verify != NCFSM_VERIFY_ASYNC || !polled(v) || v->state == NCFSM__VS_BROKEN) return;
+  if (p2p) {
     ncfsm__vpairs_launched(v, w);
     if (!c->verify_waits && ncfsm__vpairs_out(v)) mark(v);
-  } else if (!p2p && (v->state == NCFSM__VS_RUNNING || v->state == NCFSM__VS_WAITING)) {
-    /* a window launched before the channel runs is queued: every rank posts every window */
+  } else {
     ncfsm__vasync_launched(v);
     if (v->vq_head && !c->verify_waits) mark(v); /* an exchange is out */
   }

@@ -34,7 +34,8 @@ struct ncfsm__verifier {
   int *members, nmembers;
   bool members_pending;
   /* async: exchanges posted, oldest first */
-  struct ncfsm__vreq *vq_head, *vq_tail;
+  struct ncfsm__vreq *vq_head, *vq_tail, *vq_pool; /* vq_pool: done ones kept for reuse (npool) */
+  unsigned npool;
   /* strict: exchanges to post (queue order), exchanges posted (oldest first) */
   struct ncfsm__sreq *sp_head, *sp_tail, *sf_head, *sf_tail;
   uint64_t sround;           /* strict: exchanges posted so far (the same count on every rank) */
@@ -43,6 +44,7 @@ struct ncfsm__verifier {
   /* async: every collective before det_lo matched; the window up to det_hi
    * differed (det_hashes), its fingerprints exchanged in det (DETAILING) */
   uint64_t det_lo, det_hi;
+  uint64_t next_window; /* async: the collective seq of the next window's exchange (0: not known yet) */
   char det_hashes[256];
   struct ncfsm__vdet *det;
 };

@@ -76,9 +76,20 @@ static void post_due(struct ncfsm__verifier *v) {
   }
 }
 
+#define POOL_MAX POSTED_MAX /* exchanges kept for reuse (no malloc per window) */
+
 static struct ncfsm__vreq *vreq_new(struct ncfsm__verifier *v) {
   ncfsm_comm *c = v->c;
-  struct ncfsm__vreq *q = calloc(1, sizeof *q);
+  struct ncfsm__vreq *q = v->vq_pool;
+  if (q) {
+    v->vq_pool = q->next;
+    v->npool--;
+    ncfsm__vmsg *all = q->all;
+    memset(q, 0, sizeof *q);
+    q->all = all;
+    return q;
+  }
+  q = calloc(1, sizeof *q);
   if (q) q->all = calloc((size_t)c->nranks, sizeof *q->all);
   if (!q || !q->all) {
     free(q);
@@ -99,6 +110,7 @@ static void vreq_queue(struct ncfsm__verifier *v, struct ncfsm__vreq *q) {
 void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
   ncfsm_comm *c = v->c;
   unsigned win = c->opts.verify_window ? c->opts.verify_window : 1;
+  v->next_window = (c->coll_seq / win + 1) * win;
   if (c->coll_seq % win) return;
   struct ncfsm__vreq *q = vreq_new(v);
   if (!q) return;
@@ -142,11 +154,17 @@ static void split_done(struct ncfsm__verifier *v, struct ncfsm__vreq *q) {
   ncfsm__comm_unref(child);
 }
 
-static void vreq_free(struct ncfsm__vreq *q) {
+static void vreq_free(struct ncfsm__verifier *v, struct ncfsm__vreq *q) {
   if (q->req) ncfsm_boot_req_free(q->req);
   if (q->child) { /* dropped before it completed */
     ncfsm__verify_members(q->child, NULL, 0, "its parent's verification stopped before the split's colors were exchanged");
     ncfsm__comm_unref(q->child);
+  }
+  if (v && v->npool < POOL_MAX) {
+    q->next = v->vq_pool;
+    v->vq_pool = q;
+    v->npool++;
+    return;
   }
   free(q->all);
   free(q);
@@ -166,9 +184,15 @@ void ncfsm__vasync_free(struct ncfsm__verifier *v) {
   while (v->vq_head) {
     struct ncfsm__vreq *q = v->vq_head;
     v->vq_head = q->next;
-    vreq_free(q);
+    vreq_free(NULL, q);
   }
   v->vq_tail = NULL;
+  while (v->vq_pool) {
+    struct ncfsm__vreq *q = v->vq_pool;
+    v->vq_pool = q->next;
+    vreq_free(NULL, q);
+  }
+  v->npool = 0;
 }
 
 bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
@@ -215,7 +239,7 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
       split_done(v, q);
       v->vq_head = q->next;
       if (!v->vq_head) v->vq_tail = NULL;
-      vreq_free(q);
+      vreq_free(v, q);
       post_due(v);
       progress = true;
       continue;
@@ -232,14 +256,14 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
       v->det_hi = q->mine.seq;
       v->vq_head = q->next;
       if (!v->vq_head) v->vq_tail = NULL;
-      vreq_free(q);
+      vreq_free(v, q);
       ncfsm__verify_fire(v, NCFSM__VE_HASHES_DIFFER, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, NULL);
       return true;
     }
     v->det_lo = q->mine.seq; /* every collective before it matched */
     v->vq_head = q->next;
     if (!v->vq_head) v->vq_tail = NULL;
-    vreq_free(q);
+    vreq_free(v, q);
     post_due(v);
     progress = true;
   }

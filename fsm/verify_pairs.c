@@ -169,6 +169,7 @@ void ncfsm__vpairs_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
     d->peer = p;
     d->send = send;
     d->cur.win = win_of(c);
+    c->verify_stall_ns = c->opts.verify_stall_ms * 1000000ull; /* the watchdog says when an op waits that long */
   }
   if (w->fp.seq != d->next) /* not in order: the engine numbers a direction's ops as it launches them */
     NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] verification: %s seq %" PRIu64 " %s rank %d launched where seq %" PRIu64

@@ -41,7 +41,8 @@ static ncfsm_work *cell_work;  /* RELEASED: the work that keeps the released com
 static ncfsm_comm *cell_parent; /* CHILD_QUEUED: the parent whose split never polls back; CHILD: a READY parent */
 static int cell_no;
 
-/* A local bootstrap of size members of which this is rank 0 (the others never join). */
+/* A local bootstrap of size members of which this is the last rank (the others never join: the
+ * unique id's root, rank 0, never sends it). */
 static ncfsm_boot *open_boot(ncfsm_loop *loop, int size) {
   char group[64];
   snprintf(group, sizeof group, "legality-%d-%d", (int)getpid(), cell_no++);
@@ -49,7 +50,7 @@ static ncfsm_boot *open_boot(ncfsm_loop *loop, int size) {
   ncfsm_boot_opts_init(&bo);
   bo.kind = NCFSM_BOOT_LOCAL;
   bo.local_group = group;
-  bo.rank = 0;
+  bo.rank = size - 1;
   bo.size = size;
   ncfsm_boot *b = NULL;
   assert_int_equal(ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &b), NCFSM_OK);
@@ -77,7 +78,7 @@ static bool enter_state(ncfsm_loop *loop, ncfsm_state_t s, ncfsm_comm **c, int *
       assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
       return true;
     case NCFSM_STATE_ID_QUEUED: /* init_boot accepted; the loop has not turned yet */
-    case NCFSM_STATE_ID_EXCHANGE: /* the broadcast waits for rank 1, which never joins */
+    case NCFSM_STATE_ID_EXCHANGE: /* rank 1's broadcast waits for rank 0, which never joins */
       assert_int_equal(ncfsm_comm_new(loop, &o, &c[0]), NCFSM_OK);
       cell_boot = open_boot(loop, s == NCFSM_STATE_ID_QUEUED ? 1 : 2);
       assert_int_equal(ncfsm_comm_init_boot(c[0], cell_boot), NCFSM_OK);
