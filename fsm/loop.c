@@ -71,7 +71,10 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
   ncfsm__loop_set_runner(loop);
   ncfsm__timer_turn(loop, poll);
   loop->kick = false;
-  if (atomic_exchange(&loop->async_kick, 0)) loop->ctl = true;
+  if (atomic_exchange(&loop->async_kick, 0)) { /* from another thread: which comm, it did not say */
+    loop->ctl = true;
+    ncfsm__enlist_all(loop);
+  }
   /* Progress (a state change, a completion) and a launch restart the
    * burst; the poll is armed once, at the end of the turn. */
   bool hint = ncfsm__progress(loop);
@@ -224,7 +227,7 @@ bool ncfsm__loop_pending(ncfsm_loop *loop) {
   if (loop->kick || ncfsm__timer_now(loop) || (loop->nqueued && !ncfsm__group_open(loop)) || loop->notify_head ||
       loop->snote_head || loop->calls_head)
     return true;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) /* not polled: their bootstrap callbacks wake the loop */
+  for (ncfsm_comm *c = loop->act_head; c; c = c->act_next) /* not polled: their bootstrap callbacks wake the loop */
     if (c->verify_waits) return true;
   return ncfsm__poll_pending(loop);
 }
@@ -380,6 +383,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   ncfsm__loop_set_runner(loop);
   ncfsm_loop *outer;
   ncfsm__loop_enter_turn(loop, &outer);
+  ncfsm__enlist_all(loop);
   bool progressed = ncfsm__progress(loop);
   ncfsm__loop_flush_notes(loop);
   ncfsm__loop_leave_turn(loop, outer);
@@ -400,6 +404,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   event_free(loop->ev_poll);
   if (loop->ev_signal) event_free(loop->ev_signal);
   ncfsm__spanset_free(loop->spans);
+  free(loop->qh);
   free(loop->shutdown_req); /* never queued: the loop had a comm that was never released (not possible here) */
   if (loop->own_base) event_base_free(loop->base);
   pthread_mutex_destroy(&loop->mu);

@@ -66,7 +66,9 @@ struct ncfsm__blink {
 struct ncfsm__batch {
   ncfsm_work *head, *tail; /* linked through ncfsm_work.bnext */
   int nworks;
-  bool explicit_group;     /* allocated by ncfsm_group_end; else embedded in its work */
+  bool explicit_group;     /* made by ncfsm_group_end (never coalesced with other batches) */
+  bool allocated;          /* ... and allocated (freed when it leaves the queues); else embedded in its
+                              first work (an ungrouped op, a group of one op) */
   uint64_t order;          /* submission order across the loop's comms */
   int nlinks;              /* entries of links */
   int nlive;               /* links still queued (c != NULL) */
@@ -217,6 +219,13 @@ struct ncfsm_comm {
   bool fail_own;                      /* the failure being made is this rank's own choice that every rank makes
                                          (ncfsm_comm_recover): verification does not pass it to the others */
   uint64_t verify_checked_ns;         /* ... the watchdog's last look for a launch past verify_stall_ns */
+  /* the loop's hot-path indexes (fsm/active.c) */
+  ncfsm_comm *act_next, *act_prev; /* the active list */
+  bool on_act;
+  uint64_t seqno;                  /* its place in loop->comms: the newer, the larger (the list's order) */
+  int qh_pos;                      /* 1 + its place in the launch heap; 0: its launch queue is empty */
+  ncfsm_comm *peer_next;           /* the ring of the comms of this loop with its unique id */
+  int npeers;                      /* ... their number (itself included) */
 };
 
 
@@ -325,6 +334,13 @@ struct ncfsm_loop {
   ncfsm_loop_cb shutdown_cb;
   void *shutdown_arg;
   bool shutting;                 /* ncfsm_loop_shutdown was accepted (once per loop) */
+  /* hot-path indexes of its comms (fsm/active.c) */
+  ncfsm_comm *act_head, *act_tail; /* the active list: the comms a turn visits */
+  bool act_unsorted;               /* ... not in the order of loop->comms (seqno descending) */
+  uint64_t comm_seqno;             /* the last comm's seqno */
+  ncfsm_comm **qh;                 /* the launch heap: comms with queued batches, by their head's order */
+  int nqh, capqh;
+  uint64_t peers_gen, peers_built; /* peer rings: a comm's id changed (gen), the rings match (built == gen) */
 };
 
 struct ncfsm__state_note {
@@ -423,6 +439,36 @@ void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
 /* R12: the first pair of works in list (linked through bnext) on one comm
  * whose buffers overlap where one writes; false when none. */
 bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
+
+/* ---- active.c: the hot-path indexes of a loop's comms ---- */
+void ncfsm__comm_enlist_slow(ncfsm_comm *c);
+/* c needs the turns' progress pass (idempotent, O(1)). */
+static inline void ncfsm__comm_enlist(ncfsm_comm *c) {
+  if (!c->on_act) ncfsm__comm_enlist_slow(c);
+}
+void ncfsm__comm_delist(ncfsm_comm *c);
+void ncfsm__enlist_all(ncfsm_loop *loop); /* a wake from outside: every comm is looked at once */
+/* The active list in the order of loop->comms (a turn visits the comms in
+ * that order, as it visited every comm before the list existed). */
+void ncfsm__active_sort(ncfsm_loop *loop);
+/* c has something a turn must look at (else the progress pass delists it). */
+bool ncfsm__comm_wants_turn(const ncfsm_comm *c);
+/* The launch heap: room for n comms (false: out of memory); c's launch
+ * queue changed (its head, or empty/non-empty); the comm of smallest head
+ * order that skip(c, arg) does not skip (NULL: none). */
+bool ncfsm__qheap_reserve(ncfsm_loop *loop, int n);
+void ncfsm__qheap_fix(ncfsm_comm *c);
+ncfsm_comm *ncfsm__qheap_min_slow(ncfsm_loop *loop, bool (*skips)(const ncfsm_comm *, void *), void *arg);
+static inline ncfsm_comm *ncfsm__qheap_min(ncfsm_loop *loop, bool (*skips)(const ncfsm_comm *, void *), void *arg) {
+  if (!loop->nqh) return NULL;
+  if (!skips(loop->qh[0], arg)) return loop->qh[0]; /* the common case: the oldest head */
+  return ncfsm__qheap_min_slow(loop, skips, arg);
+}
+/* A comm's unique id changed, or a comm joined or left the loop: the peer
+ * rings are rebuilt when next asked. */
+static inline void ncfsm__peers_changed(ncfsm_loop *loop) { loop->peers_gen++; }
+/* The comms of c's ring (c->peer_next ...), c included; -1: out of memory. */
+int ncfsm__comm_peers(ncfsm_comm *c);
 
 /* ---- dumps.c ---- */
 /* Snapshot c's recorder and queue a dump into dir (NULL: c's dump_dir;

@@ -148,6 +148,10 @@ static void comm_free(ncfsm_comm *c) {
       loop->ncomms--;
       break;
     }
+  ncfsm__comm_delist(c);
+  c->bq_head = c->bq_tail = NULL; /* released: nothing is queued */
+  ncfsm__qheap_fix(c);
+  ncfsm__peers_changed(loop);
   while (c->free_marks) {
     ncfsm__mark *m = c->free_marks;
     c->free_marks = m->next_free;
