@@ -34,6 +34,23 @@
  * stale handle (a second release) is still recognised as dead. */
 #define NCFSM__WORK_QUARANTINE 64
 
+/* The pools (fsm/works.c, fsm/marks.c): freed works and completion marks
+ * are kept for reuse while the loop is busy; once no work was allocated for
+ * NCFSM__POOL_IDLE_MS, the works beyond NCFSM__POOL_KEEP and each comm's
+ * marks beyond NCFSM__MARK_KEEP go back to the allocator. */
+#define NCFSM__POOL_IDLE_MS 250
+#define NCFSM__POOL_KEEP 256
+#define NCFSM__MARK_KEEP 8
+
+/* What the pools hold and gave back (under the loop lock; /metrics). */
+typedef struct ncfsm__pool_stats {
+  uint64_t allocs;         /* works allocated (from the pool or the allocator) */
+  uint64_t works_returned; /* works given back to the allocator by a trim */
+  uint64_t marks_returned; /* marks (their events destroyed) given back by a trim */
+  uint64_t trims;          /* trims that gave something back */
+  int marks_free;          /* marks on the comms' free lists */
+} ncfsm__pool_stats;
+
 typedef struct ncfsm__mark ncfsm__mark;
 typedef struct ncfsm__batch ncfsm__batch;
 typedef struct ncfsm__blink ncfsm__blink;
@@ -192,6 +209,7 @@ struct ncfsm_comm {
   ncfsm__squeue *sq;  /* in-flight works per stream */
   int nsq, capsq;
   ncfsm__mark *free_marks;
+  int nfree_marks;
   void *stream;       /* the comm's own stream (NULL stream argument) */
   uint64_t coll_seq;       /* the next collective's seq (taken at launch, R11) */
   uint64_t *p2p_send_seq;  /* per peer: the next SEND to it */
@@ -327,6 +345,10 @@ struct ncfsm_loop {
   void *trace_arg;
   ncfsm_work *free_head, *free_tail; /* FIFO; reused once longer than the quarantine */
   int nfree;
+  ncfsm__pool_stats pool;
+  struct event *ev_trim;  /* the pools' idle timer (own bases only: fsm/loop.c) */
+  bool trim_armed;
+  uint64_t trim_allocs;   /* pool.allocs when it was armed: none since, the pools are trimmed */
   ncfsm__spanset *spans; /* the launcher's R12 check */
   struct ncfsm__stray *strays; /* NCCL handles no comm owns, aborted at the next control step (fsm/control.c) */
   int nclosing;          /* comms with a close in progress: the control step runs their close column */
@@ -386,6 +408,13 @@ void ncfsm__work_fire(ncfsm_work *w, ncfsm__work_event_t ev, const ncfsm__wev *p
  * TIME_OUT or ABORT. Nothing for a final work. */
 void ncfsm__work_end(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status);
 ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop);
+/* Give the pools back down to their keep (works beyond NCFSM__POOL_KEEP, each
+ * comm's marks beyond NCFSM__MARK_KEEP); returns the bytes freed. */
+size_t ncfsm__pool_trim(ncfsm_loop *loop);
+/* Something in the pools beyond their keep. */
+static inline bool ncfsm__pool_over(const ncfsm_loop *loop) {
+  return loop->nfree > NCFSM__POOL_KEEP || loop->pool.marks_free > NCFSM__MARK_KEEP * loop->ncomms;
+}
 void ncfsm__work_unref(ncfsm_work *w);
 void ncfsm__comm_unref(ncfsm_comm *c);
 void ncfsm__comm_free_all(ncfsm_loop *loop); /* loop close: the quarantine */
@@ -394,6 +423,8 @@ void ncfsm__comm_free_all(ncfsm_loop *loop); /* loop close: the quarantine */
 /* ---- marks.c ---- */
 ncfsm__mark *ncfsm__mark_get(ncfsm_comm *c);
 void ncfsm__mark_put(ncfsm_comm *c, ncfsm__mark *m);
+/* Destroy c's free marks beyond keep; returns how many. */
+int ncfsm__marks_trim(ncfsm_comm *c, int keep);
 
 /* ---- queue.c: launch queues, and failing a comm's works ---- */
 /* Queue batch b (its works and links filled) in each of its comms' queues. */

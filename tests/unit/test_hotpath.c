@@ -1,13 +1,16 @@
 /* The engine's hot-path structures (docs/design.md "The hot path"): the
  * launcher's R12 interval trees decide as the exact pairwise check on random
  * buffer sets; the active list holds the comms with something to do and
- * still lets the watchdog see a stuck comm among hundreds of idle ones. */
+ * still lets the watchdog see a stuck comm among hundreds of idle ones; the
+ * pools give their memory back once the loop was idle for their bound. */
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fsm/objects.h"
 #include "helpers.h"
+#include "ncfsm/introspect.h"
 
 /* ---- R12: the interval trees against the pairwise check ------------------------------ */
 
@@ -180,11 +183,54 @@ static void test_active_list(void **state) {
   teardown_all(loop, c, 3);
 }
 
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* After a peak of works, the pool keeps them while the loop is busy and gives
+ * all but its keep back once no work was allocated for its idle bound. */
+static void test_pool_returns_after_idle(void **state) {
+  (void)state;
+  enum { PEAK = 4096 };
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = ready_comms(1, c);
+  static int32_t buf[64][4];
+  for (int i = 0; i < PEAK; i++)
+    assert_int_equal(ncfsm_allreduce(c[0], buf[i % 64], buf[i % 64], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL,
+                                     NULL),
+                     NCFSM_OK);
+  assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_DEFAULT), NCFSM_OK);
+  assert_true(loop->nfree >= PEAK - NCFSM__POOL_KEEP); /* kept at the peak: the loop may be busy again */
+  uint64_t allocs = loop->pool.allocs;
+  assert_int_equal(ncfsm_loop_start_thread(loop), NCFSM_OK);
+  sleep_ms(NCFSM__POOL_IDLE_MS * 3);
+  assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
+  assert_true(loop->nfree <= NCFSM__POOL_KEEP);
+  assert_true(loop->pool.works_returned >= PEAK - 2 * NCFSM__POOL_KEEP);
+  assert_true(loop->pool.allocs == allocs);
+  char *text = NULL;
+  assert_int_equal(ncfsm_loop_metrics(loop, &text, NULL), NCFSM_OK);
+  char want[96];
+  snprintf(want, sizeof want, "ncfsm_pool_returned_total{pool=\"works\"} %llu\n",
+           (unsigned long long)loop->pool.works_returned);
+  assert_non_null(strstr(text, want));
+  assert_non_null(strstr(text, "ncfsm_pool_free{pool=\"works\"}"));
+  free(text);
+  /* the pool still serves: a new op runs */
+  ncfsm_work *w;
+  assert_int_equal(ncfsm_allreduce(c[0], buf[0], buf[0], 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+  assert_int_equal(ncfsm_work_wait(w, 10000), NCFSM_OK);
+  ncfsm_work_release(w);
+  teardown_all(loop, c, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_r12_trees_match_pairwise),
       cmocka_unit_test(test_watchdog_among_512),
       cmocka_unit_test(test_active_list),
+      cmocka_unit_test(test_pool_returns_after_idle),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
