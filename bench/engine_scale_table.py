@@ -115,14 +115,16 @@ def comms(d, out_csv):
 
 
 def r12(d):
-    caps = sorted({int(m.rsplit("-", 1)[1]) for m in list(d.cg) + list(d.wall) if re.match(r"^r12-(asc|desc)-\d+$", m)})
+    caps = sorted({int(m.rsplit("-", 1)[1]) for m in list(d.cg) + list(d.wall)
+                   if re.match(r"^r12-(asc|desc|rand)-\d+$", m)})
     rows = []
     for c in caps:
-        a, s = d.instr(f"r12-asc-{c}"), d.instr(f"r12-desc-{c}")
+        a, s, x = d.instr(f"r12-asc-{c}"), d.instr(f"r12-desc-{c}"), d.instr(f"r12-rand-{c}")
         an, sn = d.ns(f"r12-asc-{c}"), d.ns(f"r12-desc-{c}")
-        rows.append([str(c), fmt(a), fmt(s), fmt(div(s, a), 2), fmt(an, 1), fmt(sn, 1), fmt(div(sn, an), 2)])
-    return table(["coalesce_max", "ascending instr/op", "descending instr/op", "desc/asc", "asc ns/op",
-                  "desc ns/op", "desc/asc (wall)"], rows)
+        rows.append([str(c), fmt(a), fmt(s), fmt(div(s, a), 2), fmt(x), fmt(div(x, a), 2), fmt(an, 1), fmt(sn, 1),
+                     fmt(div(sn, an), 2)])
+    return table(["coalesce_max", "ascending instr/op", "descending instr/op", "desc/asc", "scattered instr/op",
+                  "scattered/asc", "asc ns/op", "desc ns/op", "desc/asc (wall)"], rows)
 
 
 def groups(d):
