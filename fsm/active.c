@@ -77,13 +77,6 @@ void ncfsm__enlist_all(ncfsm_loop *loop) {
   for (ncfsm_comm *c = loop->comms; c; c = c->next) ncfsm__comm_enlist(c);
 }
 
-bool ncfsm__comm_wants_turn(const ncfsm_comm *c) {
-  if (c->bq_head || c->launching || c->verify_waits || ncfsm__comm_inflight(c) || ncfsm__verify_busy(c)) return true;
-  if (ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE | NCFSM_SF_CONTROL)) return true;
-  /* A verifier that compares with other ranks has its attention flag set by
-   * them, without waking this loop: it is looked at every turn. */
-  return c->vops && c->nranks > 1;
-}
 
 /* ---- the launch heap ----------------------------------------------------------------- */
 
@@ -131,7 +124,7 @@ bool ncfsm__qheap_reserve(ncfsm_loop *loop, int n) {
   return true;
 }
 
-void ncfsm__qheap_fix(ncfsm_comm *c) {
+void ncfsm__qheap_fix_slow(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
   if (!c->bq_head) {
     if (!c->qh_pos) return;

@@ -236,9 +236,14 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
      * the group for all ranks at once, so every rank's group holds the same
      * ops (a condition of NCCL's matching), and only while they were
      * submitted before every other comm's launchable head. */
-    struct in_set others = {set, n};
-    const ncfsm_comm *first = ncfsm__qheap_min(loop, in_set_or_not_ready, &others);
-    uint64_t lim = first ? first->bq_head->b->order : UINT64_MAX;
+    int queued = 0; /* the launch's comms with a queue left: when they are all the heap holds, no bound */
+    for (int i = 0; i < n; i++) queued += set[i]->qh_pos != 0;
+    uint64_t lim = UINT64_MAX;
+    if (loop->nqh > queued) {
+      struct in_set others = {set, n};
+      const ncfsm_comm *first = ncfsm__qheap_min(loop, in_set_or_not_ready, &others);
+      if (first) lim = first->bq_head->b->order;
+    }
     ncfsm__spanset_reset(loop->spans);
     for (ncfsm_work *w = head; w; w = w->bnext) {
       ncfsm__batch one = {.head = w, .tail = w, .nworks = 1};

@@ -454,6 +454,14 @@ static inline bool ncfsm__comm_inflight(const ncfsm_comm *c) {
   return false;
 }
 bool ncfsm__comm_idle(const ncfsm_comm *c);     /* nothing unfinished, nothing grouped */
+
+static inline bool ncfsm__comm_wants_turn(const ncfsm_comm *c) {
+  if (c->bq_head || c->launching || c->verify_waits || ncfsm__comm_inflight(c) || ncfsm__verify_busy(c)) return true;
+  if (ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE | NCFSM_SF_CONTROL)) return true;
+  /* A verifier that compares with other ranks has its attention flag set by
+   * them, without waking this loop: it is looked at every turn. */
+  return c->vops && c->nranks > 1;
+}
 /* Observe c's completion events in stream order: works before the first
  * incomplete event complete. Returns 1 on progress, 0 on none, -1 when an
  * event query failed (the caller fails the comm). */
@@ -482,13 +490,32 @@ void ncfsm__enlist_all(ncfsm_loop *loop); /* a wake from outside: every comm is 
 /* The active list in the order of loop->comms (a turn visits the comms in
  * that order, as it visited every comm before the list existed). */
 void ncfsm__active_sort(ncfsm_loop *loop);
-/* c has something a turn must look at (else the progress pass delists it). */
-bool ncfsm__comm_wants_turn(const ncfsm_comm *c);
+/* c has something a turn must look at (else the progress pass delists it);
+ * defined after ncfsm__verify_busy below. */
+static inline bool ncfsm__comm_wants_turn(const ncfsm_comm *c);
 /* The launch heap: room for n comms (false: out of memory); c's launch
  * queue changed (its head, or empty/non-empty); the comm of smallest head
  * order that skip(c, arg) does not skip (NULL: none). */
 bool ncfsm__qheap_reserve(ncfsm_loop *loop, int n);
-void ncfsm__qheap_fix(ncfsm_comm *c);
+void ncfsm__qheap_fix_slow(ncfsm_comm *c);
+static inline void ncfsm__qheap_fix(ncfsm_comm *c) {
+  ncfsm_loop *loop = c->loop;
+  if (!c->bq_head) {
+    if (!c->qh_pos) return;
+    if (c->qh_pos == loop->nqh) { /* the last place: nothing moves */
+      loop->nqh--;
+      c->qh_pos = 0;
+      return;
+    }
+  } else if (!c->qh_pos && !loop->nqh) { /* the only one (room: reserved for every comm) */
+    loop->qh[0] = c;
+    c->qh_pos = loop->nqh = 1;
+    return;
+  } else if (c->qh_pos && loop->nqh == 1) {
+    return; /* the only one: its key changed, its place did not */
+  }
+  ncfsm__qheap_fix_slow(c);
+}
 ncfsm_comm *ncfsm__qheap_min_slow(ncfsm_loop *loop, bool (*skips)(const ncfsm_comm *, void *), void *arg);
 static inline ncfsm_comm *ncfsm__qheap_min(ncfsm_loop *loop, bool (*skips)(const ncfsm_comm *, void *), void *arg) {
   if (!loop->nqh) return NULL;
