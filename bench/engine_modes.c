@@ -290,17 +290,21 @@ static long group(em_bench *b, long n) {
 
 static int setup_cap(em_bench *b) { return open_bench(b, (unsigned)b->param, 1, b->param); }
 
-static long r12(em_bench *b, long n, int descending) {
+/* order 0: ascending, 1: descending, 2: scattered (slot i * 40503 mod C, the
+ * same permutation every round when C is a power of two; else repeats) */
+static long r12(em_bench *b, long n, int order) {
   long cap = b->param, r = rounds(n, cap);
   for (long j = 0; j < r; j++) {
     for (long i = 0; i < cap; i++)
-      if (submit(b->comms[0], slot(b, descending ? cap - 1 - i : i), 1, NULL)) return -1;
+      if (submit(b->comms[0], slot(b, order == 1 ? cap - 1 - i : order == 2 ? (i * 40503) % cap : i), 1, NULL))
+        return -1;
     if (run_loop(b->loop)) return -1;
   }
   return r * cap;
 }
 static long r12_asc(em_bench *b, long n) { return r12(b, n, 0); }
 static long r12_desc(em_bench *b, long n) { return r12(b, n, 1); }
+static long r12_rand(em_bench *b, long n) { return r12(b, n, 2); }
 
 /* ---- submitting threads against driving the loop ---------------------------------------- */
 
@@ -501,6 +505,8 @@ const em_mode em_modes[] = {
      .setup = setup_cap, .run = r12_asc},
     {"r12-desc", "coalesce_max C, C buffers in descending order, then run", 1, 65536, n_cap, .warm = 1,
      .setup = setup_cap, .run = r12_desc},
+    {"r12-rand", "coalesce_max C, C buffers in a scattered order (slot i * 40503 mod C), then run", 1, 65536, n_cap,
+     .warm = 1, .setup = setup_cap, .run = r12_rand},
     {"pair-off", "2 ranks of one clique, verification off: an AllReduce on both, run (per work)", .warm = 1,
      .setup = setup_pair_off, .run = pair_pingpong},
     {"pair-async", "the same with verification async (the ranks compare in memory)", .warm = 1,

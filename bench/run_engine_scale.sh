@@ -96,14 +96,15 @@ CACHE=$(dirname "$(dirname "$BIN")")/CMakeCache.txt
 BTYPE=$(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$CACHE" 2>/dev/null || true)
 CPU=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 {
-  echo "# Engine cost at scale: baseline (issue 22)"
+  echo "# Engine cost at scale (issue 22)"
   echo
   echo "Measured $(date -u '+%F %H:%M UTC') at commit \`$COMMIT\`${DIRTY:+ (with uncommitted changes outside docs/)}"
   echo "(the engine, fsm/ core/ include/, as of its commit \`$ENGINE\`);"
   echo "build type ${BTYPE:-unknown}; $(nproc) CPUs ($CPU), shared with other work:"
   echo "callgrind counts are repeatable for a binary, wall times only as ratios within one run."
   echo "Null backend (\`NCFSM_BACKEND=null\`: every backend call free), 1-element AllReduces, a callback per work,"
-  echo "default features on (flight recorder 2,048 entries per comm, verification off)."
+  echo "default features on (flight recorder 2,048 entries per comm; verification async, which has nothing to"
+  echo "compare on the 1-rank comms of every mode but pair-*)."
   echo "Made by \`bench/run_engine_scale.sh\`; the modes are described in \`bench/engine_overhead.c\` and"
   echo "\`bench/engine_modes.c\`. Data: [$NAME.csv]($NAME.csv), [$NAME-comms.csv]($NAME-comms.csv)."
   echo

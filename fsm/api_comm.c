@@ -107,10 +107,22 @@ static ncfsm_result_t comm_make(ncfsm_loop *loop, const ncfsm_comm_opts *opts, n
   return NCFSM_OK;
 }
 
-static void comm_link(ncfsm_loop *loop, ncfsm_comm *c) {
+/* c joins loop's list; false (nothing changed, c freed) when the launch
+ * heap has no room for it. */
+static bool comm_link(ncfsm_loop *loop, ncfsm_comm *c) {
+  if (!ncfsm__qheap_reserve(loop, loop->ncomms + 1)) {
+    ncfsm__loop_error(loop, "ncfsm_comm_new: out of memory for the loop's launch index of %d comms", loop->ncomms + 1);
+    c->be->stream_destroy(c->stream);
+    ncfsm__rec_free(c->rec);
+    free(c);
+    return false;
+  }
   c->next = loop->comms;
+  c->seqno = ++loop->comm_seqno;
   loop->comms = c;
   loop->ncomms++;
+  ncfsm__peers_changed(loop);
+  return true;
 }
 
 ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out) {
@@ -121,15 +133,19 @@ ncfsm_result_t ncfsm_comm_new(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncf
   ncfsm_result_t r = comm_make(loop, opts, &c);
   if (r != NCFSM_OK) return r;
   LOCK(loop);
-  comm_link(loop, c);
+  bool linked = comm_link(loop, c);
   UNLOCK(loop);
+  if (!linked) return NCFSM_ERR_NO_MEMORY;
   *out = c;
   return NCFSM_OK;
 }
 
 ncfsm_result_t ncfsm__comm_new_locked(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out) {
   ncfsm_result_t r = comm_make(loop, opts, out);
-  if (r == NCFSM_OK) comm_link(loop, *out);
+  if (r == NCFSM_OK && !comm_link(loop, *out)) {
+    *out = NULL;
+    r = NCFSM_ERR_NO_MEMORY;
+  }
   return r;
 }
 

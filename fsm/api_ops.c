@@ -145,7 +145,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
     ncfsm__batch *b = &w->single;
     b->head = b->tail = w;
     b->nworks = 1;
-    b->explicit_group = false;
+    b->explicit_group = b->allocated = false;
     b->nlinks = 1;
     b->links = &w->single_link;
     w->single_link.c = c;

@@ -20,6 +20,7 @@ ACT(accept_init) {
   c->nranks = p->nranks;
   c->uid = *p->id;
   c->comm_id = XXH3_64bits(p->id, sizeof *p->id);
+  ncfsm__peers_changed(c->loop);
   c->boot = p->boot;
   c->uid_buf = p->uid_buf;
   c->nroots = p->nroots;
@@ -32,6 +33,7 @@ ACT(id_known) {
   COMM;
   memcpy(&c->uid, c->uid_buf, sizeof c->uid);
   c->comm_id = XXH3_64bits(c->uid_buf, (size_t)c->nroots * NCFSM_UNIQUE_ID_BYTES);
+  ncfsm__peers_changed(c->loop);
   c->boot = NULL;
   if (c->nroots == 1) { /* several: kept for ncclCommInitRankScalable, freed at the init */
     free(c->uid_buf);

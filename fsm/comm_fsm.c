@@ -78,6 +78,7 @@ static inline __attribute__((always_inline)) void step_fn(void *obj, unsigned fr
               ncfsm__m_comm.guards[r->guard].name, ncfsm__m_comm.actions[r->action].name, r->rule,
               ncfsm_state_name((ncfsm_state_t)next));
   if (next != from) { /* a self-loop (a launch final in READY, the hot path) changes none of these */
+    ncfsm__comm_enlist(c); /* the turns look at it until it has nothing to do */
     uint64_t now = ncfsm__now_ns();
     c->state_since_ns = now;
     if ((fn & NCFSM_SF_DEADLINE) && !(ncfsm__sflags(from) & NCFSM_SF_DEADLINE))

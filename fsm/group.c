@@ -127,7 +127,11 @@ ACT(launch) {
     }
   }
   ncfsm__batch *batch = NULL;
-  if (nw) {
+  if (nw == 1) { /* a group of one op: the batch embedded in its work, as an ungrouped op's */
+    ncfsm_work *w = loop->group_head;
+    batch = &w->single;
+    *batch = (ncfsm__batch){.explicit_group = true, .links = &w->single_link};
+  } else if (nw) {
     batch = calloc(1, sizeof *batch + (size_t)nw * sizeof(ncfsm__blink));
     if (!batch) {
       p->result = NCFSM_ERR_NO_MEMORY;
@@ -135,7 +139,7 @@ ACT(launch) {
       close_group(loop, NULL, NCFSM_ERR_NO_MEMORY, NCFSM_ERR_NO_MEMORY);
       return;
     }
-    batch->explicit_group = true;
+    batch->explicit_group = batch->allocated = true;
     batch->links = (ncfsm__blink *)(batch + 1);
   }
   close_group(loop, batch, NCFSM_OK, NCFSM_OK);

@@ -49,6 +49,8 @@ typedef struct snap {
   uint64_t now_ns;
   ncfsm__stats stats;
   int group_depth, nqueued, ncomms;
+  ncfsm__pool_stats pool;
+  int works_free; /* works on the loop's free list */
   snap_comm *comms;
   ncfsm__rec_entry *tails; /* storage of every comm's tail */
 } snap;
@@ -142,6 +144,8 @@ static ncfsm_result_t snap_take(ncfsm_loop *loop, unsigned tail_max, snap *s) {
   s->stats = loop->stats;
   s->group_depth = loop->group_depth;
   s->nqueued = loop->nqueued;
+  s->pool = loop->pool;
+  s->works_free = loop->nfree;
   int n = 0;
   for (const ncfsm_comm *c = loop->comms; c; c = c->next) n++;
   s->comms = n ? calloc((size_t)n, sizeof *s->comms) : NULL;
@@ -487,6 +491,17 @@ static void metrics_loop(tbuf *b, const snap *s) {
     if (ncfsm__work_state_final((ncfsm_work_state_t)st))
     tb_printf(b, "ncfsm_works_finished_total{state=\"%s\"} %" PRIu64 "\n",
               ncfsm_work_state_name((ncfsm_work_state_t)st), s->stats.works_final[st]);
+  /* the pools (fsm/objects.h): kept while busy, given back after an idle bound */
+  tb_family(b, "ncfsm_pool_free", "gauge",
+            "Freed objects kept for reuse: works (the loop's) and completion events (all its comms').");
+  tb_printf(b, "ncfsm_pool_free{pool=\"works\"} %d\nncfsm_pool_free{pool=\"events\"} %d\n", s->works_free,
+            s->pool.marks_free);
+  tb_family(b, "ncfsm_pool_returned_total", "counter",
+            "Objects the pools gave back to the allocator after the loop was idle for the pools' bound.");
+  tb_printf(b, "ncfsm_pool_returned_total{pool=\"works\"} %" PRIu64 "\nncfsm_pool_returned_total{pool=\"events\"} %" PRIu64
+            "\n", s->pool.works_returned, s->pool.marks_returned);
+  tb_family(b, "ncfsm_works_allocated_total", "counter", "Works this loop allocated (from its pool or the allocator).");
+  tb_printf(b, "ncfsm_works_allocated_total %" PRIu64 "\n", s->pool.allocs);
 }
 
 /* Per-comm labels: comm (its name; "#2", "#3"... appended when another comm

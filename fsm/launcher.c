@@ -154,34 +154,40 @@ static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, 
 }
 
 /* Single ops that are the same protocol instance on local ranks of one
- * clique: the comms share the unique id, and the ops the same sequence
- * number and kind. */
+ * clique: the comms share the unique id (the callers take b's comm from the
+ * peer ring of a's: fsm/active.c), and the ops the same sequence number and
+ * kind. */
 static bool same_instance(const ncfsm_work *a, const ncfsm_work *b) {
   /* Heads of their queues: each takes its comm's next seq at this launch (the
    * works taken for this launch get theirs in launch_taken, in step). */
   return a->comm->be == b->comm->be && a->comm->opts.blocking == b->comm->opts.blocking &&
-         a->comm->coll_seq == b->comm->coll_seq && a->fp.op == b->fp.op && a->fp.peer < 0 &&
-         b->fp.peer < 0 && !memcmp(&a->comm->uid, &b->comm->uid, sizeof a->comm->uid);
+         a->comm->coll_seq == b->comm->coll_seq && a->fp.op == b->fp.op && a->fp.peer < 0 && b->fp.peer < 0;
 }
 
 static bool head_ready(const ncfsm_comm *c) {
   return c->bq_head && launchable(c) && batch_ready(c->bq_head->b);
 }
 
-/* The comm whose head batch can launch and was submitted first; *limit is
- * the order of the next such head of another comm (or none: UINT64_MAX). */
-static ncfsm_comm *next_launch(ncfsm_loop *loop, uint64_t *limit) {
-  ncfsm_comm *best = NULL;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    if (head_ready(c) && (!best || c->bq_head->b->order < best->bq_head->b->order)) best = c;
-  *limit = UINT64_MAX;
-  if (!best) return NULL;
-  const ncfsm__batch *first = best->bq_head->b;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next)
-    if (c->bq_head && c->bq_head->b != first && c->bq_head->b->order < *limit && head_ready(c))
-      *limit = c->bq_head->b->order;
-  return best;
+/* The launch heap's skip tests (fsm/active.c): a head that cannot launch;
+ * ... or whose comm is one of set[0..n) (struct in_set). */
+static bool not_ready(const ncfsm_comm *c, void *arg) {
+  (void)arg;
+  return !head_ready(c);
 }
+struct in_set {
+  ncfsm_comm **set;
+  int n;
+};
+static bool in_set_or_not_ready(const ncfsm_comm *c, void *arg) {
+  const struct in_set *s = arg;
+  for (int i = 0; i < s->n; i++)
+    if (s->set[i] == c) return true;
+  return !head_ready(c);
+}
+
+/* The comm whose head batch can launch and was submitted first: the launch
+ * heap's minimum, unless heads that cannot launch come before it. */
+static ncfsm_comm *next_launch(ncfsm_loop *loop) { return ncfsm__qheap_min(loop, not_ready, NULL); }
 
 /*
  * Launch c's head batch b as one backend group, with:
@@ -197,25 +203,26 @@ static ncfsm_comm *next_launch(ncfsm_loop *loop, uint64_t *limit) {
  *    groups the same ones, and ranks in other processes or threads group by
  *    their own timing (measured on 2.28.9: wrong data).
  */
-static void launch_one(ncfsm_loop *loop, ncfsm_comm *c, uint64_t limit) {
+static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
   ncfsm__batch *b = c->bq_head->b;
-  int cap = b->nlive > loop->ncomms ? b->nlive : loop->ncomms;
+  bool single = !b->explicit_group;
+  int npeers = single ? ncfsm__comm_peers(c) : 0; /* the comms of c's clique on this loop */
+  int cap = b->nlive > npeers ? b->nlive : npeers;
   ncfsm_comm *stack_set[16], **set = stack_set;
-  if (cap > 16 && !(set = malloc((size_t)cap * sizeof *set))) {
-    loop->kick = true; /* try again next turn */
-    return;
+  if (npeers < 0 || (cap > 16 && !(set = malloc((size_t)cap * sizeof *set)))) {
+    loop->kick = true; /* out of memory: try again next turn */
+    return false;
   }
   int n = 0;
   for (int i = 0; i < b->nlinks; i++)
     if (b->links[i].c) set[n++] = b->links[i].c;
   ncfsm_work *head = NULL, *tail = NULL;
   unsigned ntaken = (unsigned)b->nworks;
-  bool single = !b->explicit_group;
   ncfsm_work *w0 = b->head;
   ncfsm__batch_take(loop, b, &head, &tail);
   if (single) {
-    for (ncfsm_comm *d = loop->comms; d && n < cap; d = d->next) {
-      if (d == c || !head_ready(d) || d->bq_head->b->explicit_group) continue;
+    for (ncfsm_comm *d = c->peer_next; d != c && n < cap; d = d->peer_next) {
+      if (!head_ready(d) || d->bq_head->b->explicit_group) continue;
       ncfsm__batch *db = d->bq_head->b;
       if (!same_instance(w0, db->head)) continue;
       set[n++] = d;
@@ -223,18 +230,20 @@ static void launch_one(ncfsm_loop *loop, ncfsm_comm *c, uint64_t limit) {
       ncfsm__batch_take(loop, db, &head, &tail);
     }
   }
-  if (single && n == c->nranks && loop->opts.coalesce_max > 1) {
+  /* A lone batch (nothing queued behind it on c) skips the coalescing set-up. */
+  if (single && n == c->nranks && loop->opts.coalesce_max > 1 && c->bq_head) {
     /* Every rank of the clique is here: the instances after this one join
      * the group for all ranks at once, so every rank's group holds the same
      * ops (a condition of NCCL's matching), and only while they were
      * submitted before every other comm's launchable head. */
+    int queued = 0; /* the launch's comms with a queue left: when they are all the heap holds, no bound */
+    for (int i = 0; i < n; i++) queued += set[i]->qh_pos != 0;
     uint64_t lim = UINT64_MAX;
-    for (ncfsm_comm *d = loop->comms; d; d = d->next) {
-      bool in = false;
-      for (int i = 0; i < n && !in; i++) in = set[i] == d;
-      if (!in && head_ready(d) && d->bq_head->b->order < lim) lim = d->bq_head->b->order;
+    if (loop->nqh > queued) {
+      struct in_set others = {set, n};
+      const ncfsm_comm *first = ncfsm__qheap_min(loop, in_set_or_not_ready, &others);
+      if (first) lim = first->bq_head->b->order;
     }
-    (void)limit;
     ncfsm__spanset_reset(loop->spans);
     for (ncfsm_work *w = head; w; w = w->bnext) {
       ncfsm__batch one = {.head = w, .tail = w, .nworks = 1};
@@ -257,6 +266,7 @@ static void launch_one(ncfsm_loop *loop, ncfsm_comm *c, uint64_t limit) {
   }
   launch_taken(loop, head, set, n);
   if (set != stack_set) free(set);
+  return true;
 }
 
 /* ---- the turn's launch step ------------------------------------------------------------ */
@@ -269,9 +279,8 @@ bool ncfsm__launch(ncfsm_loop *loop) {
   loop->ctl = false;
   if (ctl) ncfsm__control(loop, false);
   bool any = false;
-  uint64_t limit;
-  for (ncfsm_comm *c; loop->nqueued && (c = next_launch(loop, &limit));) {
-    launch_one(loop, c, limit);
+  for (ncfsm_comm *c; loop->nqueued && (c = next_launch(loop));) {
+    if (!launch_one(loop, c)) break;
     any = true;
   }
   /* Finalizes after the launches: a DRAINING comm keeps loop->ctl set

@@ -14,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "core/settings.h"
 #include "fsm/loop-int.h"
@@ -64,6 +67,36 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
   pthread_cond_broadcast(&loop->cv);
 }
 
+/* ---- the pools' idle timer ------------------------------------------------------------ */
+
+static void arm_trim(ncfsm_loop *loop) {
+  struct timeval tv = {NCFSM__POOL_IDLE_MS / 1000, (NCFSM__POOL_IDLE_MS % 1000) * 1000};
+  loop->trim_allocs = loop->pool.allocs;
+  if (event_add(loop->ev_trim, &tv) == 0) loop->trim_armed = true;
+}
+
+/* NCFSM__POOL_IDLE_MS after a turn left the pools above their keep: when no
+ * work was allocated since, they go back to the allocator (and, past 1 MiB,
+ * the C library returns its free pages to the system); else it looks again
+ * one bound later. */
+static void on_trim(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  ncfsm_loop *loop = arg;
+  size_t bytes = 0;
+  pthread_mutex_lock(&loop->mu);
+  loop->trim_armed = false;
+  if (loop->pool.allocs != loop->trim_allocs) {
+    if (ncfsm__pool_over(loop)) arm_trim(loop); /* in use: not idle yet */
+  } else {
+    bytes = ncfsm__pool_trim(loop);
+  }
+  pthread_mutex_unlock(&loop->mu);
+#ifdef __GLIBC__
+  if (bytes >= (1u << 20)) malloc_trim(0);
+#endif
+}
+
 /* One turn; the caller holds loop->mu (turn() takes it). */
 static void turn_held(ncfsm_loop *loop, bool poll) {
   ncfsm_loop *outer;
@@ -71,7 +104,10 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
   ncfsm__loop_set_runner(loop);
   ncfsm__timer_turn(loop, poll);
   loop->kick = false;
-  if (atomic_exchange(&loop->async_kick, 0)) loop->ctl = true;
+  if (atomic_exchange(&loop->async_kick, 0)) { /* from another thread: which comm, it did not say */
+    loop->ctl = true;
+    ncfsm__enlist_all(loop);
+  }
   /* Progress (a state change, a completion) and a launch restart the
    * burst; the poll is armed once, at the end of the turn. */
   bool hint = ncfsm__progress(loop);
@@ -87,6 +123,7 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
     ncfsm__loop_flush_notes(loop);
   }
   ncfsm__timer_after_turn(loop, hint);
+  if (loop->ev_trim && !loop->trim_armed && ncfsm__pool_over(loop)) arm_trim(loop);
   ncfsm__loop_clear_runner(loop);
   ncfsm__loop_leave_turn(loop, outer);
 }
@@ -191,9 +228,14 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   pthread_cond_init(&loop->cv, NULL);
   loop->ev_wake = event_new(base, -1, 0, on_wake, loop);
   loop->ev_poll = evtimer_new(base, on_poll, loop);
+  /* The pools' idle timer on an own base only: an armed timer would keep an
+   * application's event_base_dispatch from returning (embedded loops give
+   * their pools back at ncfsm_loop_close). */
+  loop->ev_trim = own ? evtimer_new(base, on_trim, loop) : NULL;
   loop->spans = ncfsm__spanset_new(loop->opts.coalesce_max);
-  if (!loop->ev_wake || !loop->ev_poll || !loop->spans) {
+  if (!loop->ev_wake || !loop->ev_poll || (own && !loop->ev_trim) || !loop->spans) {
     ncfsm__spanset_free(loop->spans);
+    if (loop->ev_trim) event_free(loop->ev_trim);
     if (loop->ev_wake) event_free(loop->ev_wake);
     if (loop->ev_poll) event_free(loop->ev_poll);
     if (own) event_base_free(base);
@@ -236,7 +278,7 @@ bool ncfsm__loop_pending(ncfsm_loop *loop) {
   if (loop->kick || ncfsm__timer_now(loop) || (loop->nqueued && !ncfsm__group_open(loop)) || loop->notify_head ||
       loop->snote_head || loop->calls_head)
     return true;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) /* not polled: their bootstrap callbacks wake the loop */
+  for (ncfsm_comm *c = loop->act_head; c; c = c->act_next) /* not polled: their bootstrap callbacks wake the loop */
     if (c->verify_waits) return true;
   return ncfsm__poll_pending(loop);
 }
@@ -397,6 +439,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   ncfsm__loop_set_runner(loop);
   ncfsm_loop *outer;
   ncfsm__loop_enter_turn(loop, &outer);
+  ncfsm__enlist_all(loop);
   bool progressed = ncfsm__progress(loop);
   ncfsm__loop_flush_notes(loop);
   ncfsm__loop_leave_turn(loop, outer);
@@ -415,8 +458,10 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
   ncfsm__push_detach(loop);
   event_free(loop->ev_wake);
   event_free(loop->ev_poll);
+  if (loop->ev_trim) event_free(loop->ev_trim);
   if (loop->ev_signal) event_free(loop->ev_signal);
   ncfsm__spanset_free(loop->spans);
+  free(loop->qh);
   free(loop->shutdown_req); /* never queued: the loop had a comm that was never released (not possible here) */
   if (loop->own_base) event_base_free(loop->base);
   pthread_mutex_destroy(&loop->mu);

@@ -34,6 +34,23 @@
  * stale handle (a second release) is still recognised as dead. */
 #define NCFSM__WORK_QUARANTINE 64
 
+/* The pools (fsm/works.c, fsm/marks.c): freed works and completion marks
+ * are kept for reuse while the loop is busy; once no work was allocated for
+ * NCFSM__POOL_IDLE_MS, the works beyond NCFSM__POOL_KEEP and each comm's
+ * marks beyond NCFSM__MARK_KEEP go back to the allocator. */
+#define NCFSM__POOL_IDLE_MS 250
+#define NCFSM__POOL_KEEP 256
+#define NCFSM__MARK_KEEP 8
+
+/* What the pools hold and gave back (under the loop lock; /metrics). */
+typedef struct ncfsm__pool_stats {
+  uint64_t allocs;         /* works allocated (from the pool or the allocator) */
+  uint64_t works_returned; /* works given back to the allocator by a trim */
+  uint64_t marks_returned; /* marks (their events destroyed) given back by a trim */
+  uint64_t trims;          /* trims that gave something back */
+  int marks_free;          /* marks on the comms' free lists */
+} ncfsm__pool_stats;
+
 typedef struct ncfsm__mark ncfsm__mark;
 typedef struct ncfsm__batch ncfsm__batch;
 typedef struct ncfsm__blink ncfsm__blink;
@@ -66,7 +83,9 @@ struct ncfsm__blink {
 struct ncfsm__batch {
   ncfsm_work *head, *tail; /* linked through ncfsm_work.bnext */
   int nworks;
-  bool explicit_group;     /* allocated by ncfsm_group_end; else embedded in its work */
+  bool explicit_group;     /* made by ncfsm_group_end (never coalesced with other batches) */
+  bool allocated;          /* ... and allocated (freed when it leaves the queues); else embedded in its
+                              first work (an ungrouped op, a group of one op) */
   uint64_t order;          /* submission order across the loop's comms */
   int nlinks;              /* entries of links */
   int nlive;               /* links still queued (c != NULL) */
@@ -193,6 +212,7 @@ struct ncfsm_comm {
   ncfsm__squeue *sq;  /* in-flight works per stream */
   int nsq, capsq;
   ncfsm__mark *free_marks;
+  int nfree_marks;
   void *stream;       /* the comm's own stream (NULL stream argument) */
   uint64_t coll_seq;       /* the next collective's seq (taken at launch, R11) */
   uint64_t *p2p_send_seq;  /* per peer: the next SEND to it */
@@ -220,6 +240,13 @@ struct ncfsm_comm {
   bool fail_own;                      /* the failure being made is this rank's own choice that every rank makes
                                          (ncfsm_comm_recover): verification does not pass it to the others */
   uint64_t verify_checked_ns;         /* ... the watchdog's last look for a launch past verify_stall_ns */
+  /* the loop's hot-path indexes (fsm/active.c) */
+  ncfsm_comm *act_next, *act_prev; /* the active list */
+  bool on_act;
+  uint64_t seqno;                  /* its place in loop->comms: the newer, the larger (the list's order) */
+  int qh_pos;                      /* 1 + its place in the launch heap; 0: its launch queue is empty */
+  ncfsm_comm *peer_next;           /* the ring of the comms of this loop with its unique id */
+  int npeers;                      /* ... their number (itself included) */
 };
 
 
@@ -322,6 +349,10 @@ struct ncfsm_loop {
   void *trace_arg;
   ncfsm_work *free_head, *free_tail; /* FIFO; reused once longer than the quarantine */
   int nfree;
+  ncfsm__pool_stats pool;
+  struct event *ev_trim;  /* the pools' idle timer (own bases only: fsm/loop.c) */
+  bool trim_armed;
+  uint64_t trim_allocs;   /* pool.allocs when it was armed: none since, the pools are trimmed */
   ncfsm__spanset *spans; /* the launcher's R12 check */
   struct ncfsm__stray *strays; /* NCCL handles no comm owns, aborted at the next control step (fsm/control.c) */
   int nclosing;          /* comms with a close in progress: the control step runs their close column */
@@ -329,6 +360,13 @@ struct ncfsm_loop {
   ncfsm_loop_cb shutdown_cb;
   void *shutdown_arg;
   bool shutting;                 /* ncfsm_loop_shutdown was accepted (once per loop) */
+  /* hot-path indexes of its comms (fsm/active.c) */
+  ncfsm_comm *act_head, *act_tail; /* the active list: the comms a turn visits */
+  bool act_unsorted;               /* ... not in the order of loop->comms (seqno descending) */
+  uint64_t comm_seqno;             /* the last comm's seqno */
+  ncfsm_comm **qh;                 /* the launch heap: comms with queued batches, by their head's order */
+  int nqh, capqh;
+  uint64_t peers_gen, peers_built; /* peer rings: a comm's id changed (gen), the rings match (built == gen) */
 };
 
 struct ncfsm__state_note {
@@ -374,6 +412,13 @@ void ncfsm__work_fire(ncfsm_work *w, ncfsm__work_event_t ev, const ncfsm__wev *p
  * TIME_OUT or ABORT. Nothing for a final work. */
 void ncfsm__work_end(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status);
 ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop);
+/* Give the pools back down to their keep (works beyond NCFSM__POOL_KEEP, each
+ * comm's marks beyond NCFSM__MARK_KEEP); returns the bytes freed. */
+size_t ncfsm__pool_trim(ncfsm_loop *loop);
+/* Something in the pools beyond their keep. */
+static inline bool ncfsm__pool_over(const ncfsm_loop *loop) {
+  return loop->nfree > NCFSM__POOL_KEEP || loop->pool.marks_free > NCFSM__MARK_KEEP * loop->ncomms;
+}
 void ncfsm__work_unref(ncfsm_work *w);
 void ncfsm__comm_unref(ncfsm_comm *c);
 void ncfsm__comm_free_all(ncfsm_loop *loop); /* loop close: the quarantine */
@@ -382,6 +427,8 @@ void ncfsm__comm_free_all(ncfsm_loop *loop); /* loop close: the quarantine */
 /* ---- marks.c ---- */
 ncfsm__mark *ncfsm__mark_get(ncfsm_comm *c);
 void ncfsm__mark_put(ncfsm_comm *c, ncfsm__mark *m);
+/* Destroy c's free marks beyond keep; returns how many. */
+int ncfsm__marks_trim(ncfsm_comm *c, int keep);
 
 /* ---- queue.c: launch queues, and failing a comm's works ---- */
 /* Queue batch b (its works and links filled) in each of its comms' queues. */
@@ -411,6 +458,14 @@ static inline bool ncfsm__comm_inflight(const ncfsm_comm *c) {
   return false;
 }
 bool ncfsm__comm_idle(const ncfsm_comm *c);     /* nothing unfinished, nothing grouped */
+
+static inline bool ncfsm__comm_wants_turn(const ncfsm_comm *c) {
+  if (c->bq_head || c->launching || c->verify_waits || ncfsm__comm_inflight(c) || ncfsm__verify_busy(c)) return true;
+  if (ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE | NCFSM_SF_CONTROL)) return true;
+  /* A verifier that compares with other ranks has its attention flag set by
+   * them, without waking this loop: it is looked at every turn. */
+  return c->vops && c->nranks > 1;
+}
 /* Observe c's completion events in stream order: works before the first
  * incomplete event complete. Returns 1 on progress, 0 on none, -1 when an
  * event query failed (the caller fails the comm). */
@@ -427,6 +482,55 @@ void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
 /* R12: the first pair of works in list (linked through bnext) on one comm
  * whose buffers overlap where one writes; false when none. */
 bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);
+
+/* ---- active.c: the hot-path indexes of a loop's comms ---- */
+void ncfsm__comm_enlist_slow(ncfsm_comm *c);
+/* c needs the turns' progress pass (idempotent, O(1)). */
+static inline void ncfsm__comm_enlist(ncfsm_comm *c) {
+  if (!c->on_act) ncfsm__comm_enlist_slow(c);
+}
+void ncfsm__comm_delist(ncfsm_comm *c);
+void ncfsm__enlist_all(ncfsm_loop *loop); /* a wake from outside: every comm is looked at once */
+/* The active list in the order of loop->comms (a turn visits the comms in
+ * that order, as it visited every comm before the list existed). */
+void ncfsm__active_sort(ncfsm_loop *loop);
+/* c has something a turn must look at (else the progress pass delists it);
+ * defined after ncfsm__verify_busy below. */
+static inline bool ncfsm__comm_wants_turn(const ncfsm_comm *c);
+/* The launch heap: room for n comms (false: out of memory); c's launch
+ * queue changed (its head, or empty/non-empty); the comm of smallest head
+ * order that skip(c, arg) does not skip (NULL: none). */
+bool ncfsm__qheap_reserve(ncfsm_loop *loop, int n);
+void ncfsm__qheap_fix_slow(ncfsm_comm *c);
+static inline void ncfsm__qheap_fix(ncfsm_comm *c) {
+  ncfsm_loop *loop = c->loop;
+  if (!c->bq_head) {
+    if (!c->qh_pos) return;
+    if (c->qh_pos == loop->nqh) { /* the last place: nothing moves */
+      loop->nqh--;
+      c->qh_pos = 0;
+      return;
+    }
+  } else if (!c->qh_pos && !loop->nqh) { /* the only one (room: reserved for every comm) */
+    loop->qh[0] = c;
+    c->qh_pos = loop->nqh = 1;
+    return;
+  } else if (c->qh_pos && loop->nqh == 1) {
+    return; /* the only one: its key changed, its place did not */
+  }
+  ncfsm__qheap_fix_slow(c);
+}
+ncfsm_comm *ncfsm__qheap_min_slow(ncfsm_loop *loop, bool (*skips)(const ncfsm_comm *, void *), void *arg);
+static inline ncfsm_comm *ncfsm__qheap_min(ncfsm_loop *loop, bool (*skips)(const ncfsm_comm *, void *), void *arg) {
+  if (!loop->nqh) return NULL;
+  if (!skips(loop->qh[0], arg)) return loop->qh[0]; /* the common case: the oldest head */
+  return ncfsm__qheap_min_slow(loop, skips, arg);
+}
+/* A comm's unique id changed, or a comm joined or left the loop: the peer
+ * rings are rebuilt when next asked. */
+static inline void ncfsm__peers_changed(ncfsm_loop *loop) { loop->peers_gen++; }
+/* The comms of c's ring (c->peer_next ...), c included; -1: out of memory. */
+int ncfsm__comm_peers(ncfsm_comm *c);
 
 /* ---- dumps.c ---- */
 /* Snapshot c's recorder and queue a dump into dir (NULL: c's dump_dir;

@@ -44,10 +44,16 @@ static bool poll_comm(ncfsm_comm *c) {
   return true;
 }
 
+/* The comms on the active list only (fsm/active.c): a comm with nothing in
+ * flight, queued or launching, in a state without polls, deadlines or
+ * control steps, and whose verification needs no turn has nothing here for
+ * the watchdog, the drain or the polls; it leaves the list at its visit and
+ * joins it again at its next state change or queued batch. */
 bool ncfsm__progress(ncfsm_loop *loop) {
   bool progress = false;
   uint64_t now = 0;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+  if (loop->act_unsorted) ncfsm__active_sort(loop);
+  for (ncfsm_comm *c = loop->act_head, *next; c; c = next) {
     /* first: a drained comm needs no async watch */
     if (c->nsq && ncfsm__has(c, NCFSM_SF_WORKS)) {
       int d = ncfsm__drain(c);
@@ -55,6 +61,7 @@ bool ncfsm__progress(ncfsm_loop *loop) {
         ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_UNHANDLED_CUDA_ERROR,
                          "cudaEventQuery");
         progress = true;
+        next = c->act_next;
         continue;
       }
       progress |= d > 0;
@@ -68,12 +75,14 @@ bool ncfsm__progress(ncfsm_loop *loop) {
       if (!now) now = ncfsm__now_ns();
       ncfsm__watchdog(c, now);
     }
+    next = c->act_next;
+    if (!ncfsm__comm_wants_turn(c)) ncfsm__comm_delist(c);
   }
   return progress;
 }
 
 bool ncfsm__poll_pending(ncfsm_loop *loop) {
-  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+  for (ncfsm_comm *c = loop->act_head; c; c = c->act_next) {
     if ((ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE | NCFSM_SF_CONTROL)) || c->launching ||
         ncfsm__comm_inflight(c) || ncfsm__verify_busy(c))
       return true;

@@ -73,14 +73,14 @@ static bool push_notify(ncfsm_loop *loop, const ncfsm__backend *be, void *stream
 
 bool ncfsm__push_covers(ncfsm_loop *loop) {
   if (loop->opts.completion == NCFSM_COMPLETION_POLL || !loop->notifier || loop->ctl || loop->nqueued) return false;
-  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+  for (ncfsm_comm *c = loop->act_head; c; c = c->act_next) /* the others have none of these */
     if ((ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_CONTROL)) || c->launching || (c->vops && c->vops->busy(c)))
       return false;
   return true;
 }
 
 bool ncfsm__push_arm_streams(ncfsm_loop *loop) {
-  for (ncfsm_comm *c = loop->comms; c; c = c->next)
+  for (ncfsm_comm *c = loop->act_head; c; c = c->act_next) /* the others have no works in flight */
     for (int i = 0; i < c->nsq; i++) {
       ncfsm__squeue *q = &c->sq[i];
       if (!q->head || q->notified == q->appended) continue;

@@ -19,10 +19,13 @@ void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b) {
     if (c->bq_tail) c->bq_tail->next = l;
     else c->bq_head = l;
     c->bq_tail = l;
+    ncfsm__comm_enlist(c);
   }
   b->nlive = b->nlinks;
   b->order = ++loop->batch_order;
   loop->nqueued++;
+  for (int i = 0; i < b->nlinks; i++)
+    if (!b->links[i].c->qh_pos) ncfsm__qheap_fix(b->links[i].c); /* its queue was empty: b heads it */
 }
 
 /* Unlink l from its comm's queue, wherever it is in it. */
@@ -37,6 +40,7 @@ static void unlink_queue(ncfsm_comm *c, ncfsm__blink *l) {
   if (c->bq_tail == l) c->bq_tail = prev;
   l->next = NULL;
   l->c = NULL;
+  if (!prev) ncfsm__qheap_fix(c); /* its head changed */
 }
 
 void ncfsm__batch_take(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work **head, ncfsm_work **tail) {
@@ -48,13 +52,14 @@ void ncfsm__batch_take(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work **head, ncf
     if (!c->bq_head) c->bq_tail = NULL;
     l->next = NULL;
     l->c = NULL;
+    ncfsm__qheap_fix(c);
   }
   loop->nqueued--;
   for (ncfsm_work *w = b->head; w; w = w->bnext) w->batch = NULL;
   if (*tail) (*tail)->bnext = b->head;
   else *head = b->head;
   *tail = b->tail;
-  if (b->explicit_group) free(b);
+  if (b->allocated) free(b);
 }
 
 void ncfsm__batch_fail(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work_state_t st, ncfsm_result_t status) {
@@ -69,7 +74,7 @@ void ncfsm__batch_fail(ncfsm_loop *loop, ncfsm__batch *b, ncfsm_work_state_t st,
   }
   b->head = b->tail = NULL;
   b->nworks = 0;
-  if (b->explicit_group) free(b);
+  if (b->allocated) free(b);
 }
 
 void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status) {
@@ -95,7 +100,7 @@ void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t sta
     unlink_queue(c, l);
     if (--b->nlive == 0) {
       loop->nqueued--;
-      if (b->explicit_group) free(b);
+      if (b->allocated) free(b);
     }
   }
   ncfsm_work **pp = &loop->group_head;

@@ -8,62 +8,140 @@
 
 /*
  * The launcher's R12 check: the buffer ranges already taken in this launch,
- * sorted by (comm, lo). Taken writes never overlap anything else taken for
- * their comm (each work was checked before it went in), so a new range can
- * only hit the write just before it in order; reads may overlap each other,
- * so they carry the running maximum of hi within their comm. A query is a
- * binary search, an insert a memmove of at most 2 * coalesce_max entries.
+ * per comm two interval trees (its writes, its reads): treaps keyed by lo,
+ * each node with the largest hi of its subtree, so that "does [lo, hi)
+ * overlap a taken range" and an insert are O(log n) whatever the order in
+ * which the buffers come (CLRS 14.3: descend left while the left subtree
+ * reaches past lo). A write may overlap nothing of its comm; a read no
+ * write. Nodes come from one array of 2 * coalesce_max + 2, reset per
+ * launch; comms from a short array (a launch holds a few local ranks).
+ *
+ * The common cases, buffers in ascending or descending order, build no
+ * tree: each comm keeps the high- and low-water marks of what it took (the
+ * largest hi, the smallest lo), and a range that starts at or above the one
+ * or ends at or below the other overlaps nothing (two compares). Its ranges
+ * wait in a list in the order taken; the first range between the marks (the
+ * exact fallback) puts them into the trees, and from then on the comm's
+ * queries between the marks descend them.
  */
 typedef struct {
-  uintptr_t comm, lo, hi, maxhi;
-} ncfsm__range;
+  uintptr_t lo, hi, maxhi;
+  uint32_t prio;
+  int l, r;   /* children: node indexes, -1 when none */
+  int next;   /* the comm's list of ranges before its trees are built */
+  bool write;
+} ncfsm__rnode;
 
-static void range_insert(ncfsm__range *a, int *n, uintptr_t comm, uintptr_t lo, uintptr_t hi);
+typedef struct {
+  uintptr_t comm;
+  uintptr_t hw, lw; /* the largest hi and the smallest lo it took: all it took lies in [lw, hw) */
+  bool tree;        /* its ranges are in the trees (else in the list first..last) */
+  int w, r;         /* roots of its write and read trees (-1: empty) */
+  int first, last;  /* the list (-1: empty) */
+} ncfsm__rcomm;
 
 struct ncfsm__spanset {
-  ncfsm__range *w, *r;
-  int nw, nr, cap;
+  ncfsm__rnode *node;
+  int nnode, cap;
+  ncfsm__rcomm *comm;
+  int ncomm, last; /* last: the comm found by the previous lookup */
+  uint32_t seed;
   /* The first batch of a launch is only inserted when a second one is
    * examined: a launch of one batch (the latency path) costs nothing here. */
   const ncfsm_work *lazy_head, *lazy_tail;
 };
 
+/* Does [lo, hi) overlap a range of the tree at t? */
+static bool tree_hit(const ncfsm__rnode *nd, int t, uintptr_t lo, uintptr_t hi) {
+  while (t >= 0) {
+    const ncfsm__rnode *x = &nd[t];
+    if (x->lo < hi && lo < x->hi) return true;
+    t = x->l >= 0 && nd[x->l].maxhi > lo ? x->l : x->r;
+  }
+  return false;
+}
+
+static void fix_max(ncfsm__rnode *nd, int t) {
+  ncfsm__rnode *x = &nd[t];
+  x->maxhi = x->hi;
+  if (x->l >= 0 && nd[x->l].maxhi > x->maxhi) x->maxhi = nd[x->l].maxhi;
+  if (x->r >= 0 && nd[x->r].maxhi > x->maxhi) x->maxhi = nd[x->r].maxhi;
+}
+
+/* Insert node k into the treap at t; returns the new root. */
+static int tree_insert(ncfsm__rnode *nd, int t, int k) {
+  if (t < 0) return k;
+  ncfsm__rnode *x = &nd[t];
+  if (nd[k].lo < x->lo) {
+    x->l = tree_insert(nd, x->l, k);
+    if (nd[x->l].prio > x->prio) { /* rotate right */
+      int y = x->l;
+      x->l = nd[y].r;
+      nd[y].r = t;
+      fix_max(nd, t);
+      fix_max(nd, y);
+      return y;
+    }
+  } else {
+    x->r = tree_insert(nd, x->r, k);
+    if (nd[x->r].prio > x->prio) { /* rotate left */
+      int y = x->r;
+      x->r = nd[y].l;
+      nd[y].l = t;
+      fix_max(nd, t);
+      fix_max(nd, y);
+      return y;
+    }
+  }
+  fix_max(nd, t);
+  return t;
+}
+
+/* The trees of comm (created when add), NULL when it has none. */
+static ncfsm__rcomm *comm_trees(ncfsm__spanset *ss, uintptr_t comm, bool add) {
+  if (ss->last < ss->ncomm && ss->comm[ss->last].comm == comm) return &ss->comm[ss->last];
+  for (int i = 0; i < ss->ncomm; i++)
+    if (ss->comm[i].comm == comm) return &ss->comm[ss->last = i];
+  if (!add) return NULL;
+  ss->comm[ss->ncomm] = (ncfsm__rcomm){comm, 0, UINTPTR_MAX, false, -1, -1, -1, -1}; /* room: at most one per node */
+  return &ss->comm[ss->last = ss->ncomm++];
+}
+
+static void tree_add(ncfsm__spanset *ss, ncfsm__rcomm *t, int k) {
+  int *root = ss->node[k].write ? &t->w : &t->r;
+  *root = tree_insert(ss->node, *root, k);
+}
+
+/* The fallback: t's listed ranges go into its trees. */
+static void build_trees(ncfsm__spanset *ss, ncfsm__rcomm *t) {
+  for (int k = t->first; k >= 0; k = ss->node[k].next) tree_add(ss, t, k);
+  t->tree = true;
+}
+
 static void spanset_insert_work(ncfsm__spanset *ss, const ncfsm_work *w) {
+  if (!w->nspan) return;
+  ncfsm__rcomm *t = comm_trees(ss, (uintptr_t)w->comm, true);
+  uintptr_t hw = t->hw, lw = t->lw;
+  for (int i = 0; i < w->nspan && !t->tree; i++)
+    if (w->span[i].lo < hw && w->span[i].hi > lw) build_trees(ss, t); /* between the marks: the trees answer from now on */
   for (int i = 0; i < w->nspan; i++) {
-    if (w->span[i].write) range_insert(ss->w, &ss->nw, (uintptr_t)w->comm, w->span[i].lo, w->span[i].hi);
-    else range_insert(ss->r, &ss->nr, (uintptr_t)w->comm, w->span[i].lo, w->span[i].hi);
-  }
-}
-
-static int range_lower_bound(const ncfsm__range *a, int n, uintptr_t comm, uintptr_t lo) {
-  int l = 0, h = n;
-  while (l < h) {
-    int m = (l + h) / 2;
-    if (a[m].comm < comm || (a[m].comm == comm && a[m].lo < lo)) l = m + 1;
-    else h = m;
-  }
-  return l;
-}
-
-/* Does [lo, hi) of comm overlap a range of a? (a: writes, or reads with maxhi) */
-static bool range_hit(const ncfsm__range *a, int n, uintptr_t comm, uintptr_t lo, uintptr_t hi) {
-  int i = range_lower_bound(a, n, comm, hi) - 1;
-  return i >= 0 && a[i].comm == comm && a[i].maxhi > lo;
-}
-
-static void range_insert(ncfsm__range *a, int *n, uintptr_t comm, uintptr_t lo, uintptr_t hi) {
-  int i = range_lower_bound(a, *n, comm, lo);
-  memmove(a + i + 1, a + i, (size_t)(*n - i) * sizeof *a);
-  a[i] = (ncfsm__range){comm, lo, hi, hi};
-  (*n)++;
-  for (int j = i; j < *n && a[j].comm == comm; j++) {
-    uintptr_t prev = j > 0 && a[j - 1].comm == comm ? a[j - 1].maxhi : 0;
-    a[j].maxhi = a[j].hi > prev ? a[j].hi : prev;
+    int k = ss->nnode++;
+    ss->seed = ss->seed * 1664525u + 1013904223u; /* the treap's priorities: an LCG is enough */
+    ss->node[k] = (ncfsm__rnode){w->span[i].lo, w->span[i].hi, w->span[i].hi, ss->seed, -1, -1, -1, w->span[i].write};
+    if (w->span[i].hi > t->hw) t->hw = w->span[i].hi;
+    if (w->span[i].lo < t->lw) t->lw = w->span[i].lo;
+    if (t->tree) {
+      tree_add(ss, t, k);
+    } else {
+      if (t->last >= 0) ss->node[t->last].next = k;
+      else t->first = k;
+      t->last = k;
+    }
   }
 }
 
 bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b) {
-  if (!ss->lazy_head && ss->nw + ss->nr == 0) {
+  if (!ss->lazy_head && ss->nnode == 0) {
     ss->lazy_head = b->head;
     ss->lazy_tail = b->tail;
     return false;
@@ -85,13 +163,17 @@ bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b) {
     }
     ss->lazy_head = ss->lazy_tail = NULL;
   }
-  for (const ncfsm_work *w = b->head; w; w = w->bnext)
+  for (const ncfsm_work *w = b->head; w; w = w->bnext) {
+    ncfsm__rcomm *t = comm_trees(ss, (uintptr_t)w->comm, false);
+    if (!t) continue;
     for (int i = 0; i < w->nspan; i++) {
-      uintptr_t cm = (uintptr_t)w->comm;
-      if (range_hit(ss->w, ss->nw, cm, w->span[i].lo, w->span[i].hi)) return true;
-      if (w->span[i].write && range_hit(ss->r, ss->nr, cm, w->span[i].lo, w->span[i].hi)) return true;
+      if (w->span[i].lo >= t->hw || w->span[i].hi <= t->lw) continue; /* above or below all its comm took */
+      if (!t->tree) build_trees(ss, t);
+      if (tree_hit(ss->node, t->w, w->span[i].lo, w->span[i].hi)) return true;
+      if (w->span[i].write && tree_hit(ss->node, t->r, w->span[i].lo, w->span[i].hi)) return true;
     }
-  if (ss->nw + ss->nr + 2 * b->nworks > ss->cap) return true; /* full: next launch */
+  }
+  if (ss->nnode + 2 * b->nworks > ss->cap) return true; /* full: next launch */
   for (const ncfsm_work *w = b->head; w; w = w->bnext) spanset_insert_work(ss, w);
   return false;
 }
@@ -100,9 +182,10 @@ ncfsm__spanset *ncfsm__spanset_new(unsigned max_ops) {
   ncfsm__spanset *ss = calloc(1, sizeof *ss);
   if (!ss) return NULL;
   ss->cap = 2 * (int)max_ops + 2;
-  ss->w = calloc((size_t)ss->cap, sizeof *ss->w);
-  ss->r = calloc((size_t)ss->cap, sizeof *ss->r);
-  if (!ss->w || !ss->r) {
+  ss->node = calloc((size_t)ss->cap, sizeof *ss->node);
+  ss->comm = calloc((size_t)ss->cap, sizeof *ss->comm);
+  ss->seed = 0x9e3779b9u;
+  if (!ss->node || !ss->comm) {
     ncfsm__spanset_free(ss);
     return NULL;
   }
@@ -111,13 +194,13 @@ ncfsm__spanset *ncfsm__spanset_new(unsigned max_ops) {
 
 void ncfsm__spanset_free(ncfsm__spanset *ss) {
   if (!ss) return;
-  free(ss->w);
-  free(ss->r);
+  free(ss->node);
+  free(ss->comm);
   free(ss);
 }
 
 void ncfsm__spanset_reset(ncfsm__spanset *ss) {
-  ss->nw = ss->nr = 0;
+  ss->nnode = ss->ncomm = ss->last = 0;
   ss->lazy_head = ss->lazy_tail = NULL;
 }
 

@@ -109,6 +109,8 @@ void ncfsm__vpairs_close(struct ncfsm__verifier *v); /* before the verifier's ch
 void ncfsm__vpairs_free(struct ncfsm__verifier *v);
 /* This rank's next seq in its sends to peer (send) or its receives from it: for a peer's question. */
 uint64_t ncfsm__vpairs_next(const struct ncfsm__verifier *v, int peer, bool send);
+/* Has this rank exchanges with peer posted or queued? */
+bool ncfsm__vpairs_with(const struct ncfsm__verifier *v, int peer);
 /* The watchdog saw a launch older than the stall bound: an op of a window not exchanged yet asks its peer. */
 void ncfsm__vpairs_stall_due(struct ncfsm__verifier *v);
 

@@ -156,9 +156,11 @@ static void split_done(struct ncfsm__verifier *v, struct ncfsm__vreq *q) {
 
 static void vreq_free(struct ncfsm__verifier *v, struct ncfsm__vreq *q) {
   if (q->req) ncfsm_boot_req_free(q->req);
+  q->req = NULL; /* a pooled one holds no request */
   if (q->child) { /* dropped before it completed */
     ncfsm__verify_members(q->child, NULL, 0, "its parent's verification stopped before the split's colors were exchanged");
     ncfsm__comm_unref(q->child);
+    q->child = NULL;
   }
   if (v && v->npool < POOL_MAX) {
     q->next = v->vq_pool;

@@ -353,7 +353,12 @@ bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
   pthread_mutex_lock(&vc->mu);
   bool failed = att & IN_FAILED;
   ncfsm_boot_notice f = vc->failed;
-  atomic_fetch_and(&vc->att, ~(IN_FAILED | IN_ASK));
+  /* a send/recv mismatch of a pair this rank is in: the exchange that showed it to the origin
+   * shows it to this rank too; its own report comes first (the notice waits while this rank's
+   * exchanges with the origin are out) */
+  bool defer = failed && f.cause == NCFSM_ERR_MISMATCH && ncfsm__vpairs_with(v, f.origin);
+  atomic_fetch_and(&vc->att, defer ? ~(unsigned)IN_ASK : ~(unsigned)(IN_FAILED | IN_ASK));
+  failed &= !defer;
   pthread_mutex_unlock(&vc->mu);
   if (att & IN_ASK) {
     ncfsm_boot_notice a = {.key = KEY(c, K_ANSWER), .seq = progress_of(v), .cause = (int32_t)c->state};

@@ -191,6 +191,14 @@ uint64_t ncfsm__vpairs_next(const struct ncfsm__verifier *v, int peer, bool send
   return d ? d->next : 0;
 }
 
+bool ncfsm__vpairs_with(const struct ncfsm__verifier *v, int peer) {
+  const struct ncfsm__vpairs *ps = v->pairs;
+  if (!ps || peer < 0 || peer >= ps->nranks) return false;
+  for (int k = 0; k < 2; k++)
+    if (ps->dirs[2 * peer + k] && ps->dirs[2 * peer + k]->head) return true;
+  return false;
+}
+
 void ncfsm__vpairs_stall_due(struct ncfsm__verifier *v) {
   if (v->pairs) v->pairs->stall_due = true;
 }

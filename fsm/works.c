@@ -148,12 +148,11 @@ static void comm_free(ncfsm_comm *c) {
       loop->ncomms--;
       break;
     }
-  while (c->free_marks) {
-    ncfsm__mark *m = c->free_marks;
-    c->free_marks = m->next_free;
-    c->be->event_destroy(m->event);
-    free(m);
-  }
+  ncfsm__comm_delist(c);
+  c->bq_head = c->bq_tail = NULL; /* released: nothing is queued */
+  ncfsm__qheap_fix(c);
+  ncfsm__peers_changed(loop);
+  ncfsm__marks_trim(c, 0);
   if (c->stream) c->be->stream_destroy(c->stream);
   free(c->sq);
   ncfsm__rec_free(c->rec);
@@ -178,6 +177,7 @@ uint64_t ncfsm__comm_backend_calls(ncfsm_comm *c) {
 
 ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop) {
   ncfsm_work *w = NULL;
+  loop->pool.allocs++;
   if (loop->nfree > NCFSM__WORK_QUARANTINE) {
     w = loop->free_head;
     loop->free_head = w->next;
@@ -205,6 +205,27 @@ void ncfsm__work_unref(ncfsm_work *w) {
   loop->free_tail = w;
   loop->nfree++;
   ncfsm__comm_unref(c);
+}
+
+size_t ncfsm__pool_trim(ncfsm_loop *loop) {
+  size_t bytes = 0;
+  int keep = NCFSM__POOL_KEEP > NCFSM__WORK_QUARANTINE ? NCFSM__POOL_KEEP : NCFSM__WORK_QUARANTINE;
+  while (loop->nfree > keep) { /* the oldest first: the quarantine is the newest */
+    ncfsm_work *w = loop->free_head;
+    loop->free_head = w->next;
+    loop->nfree--;
+    free(w);
+    bytes += sizeof *w;
+    loop->pool.works_returned++;
+  }
+  if (!loop->free_head) loop->free_tail = NULL;
+  for (ncfsm_comm *c = loop->comms; c; c = c->next) {
+    int n = ncfsm__marks_trim(c, NCFSM__MARK_KEEP);
+    loop->pool.marks_returned += (uint64_t)n;
+    bytes += (size_t)n * sizeof(ncfsm__mark);
+  }
+  if (bytes) loop->pool.trims++;
+  return bytes;
 }
 
 void ncfsm__comm_free_all(ncfsm_loop *loop) {

@@ -601,10 +601,12 @@ static int check_default(const mcase *mc, json_t *j, int r) {
 /* What the design promises for rank r of case mc (docs/ordering.md, "The
  * failure matrix"); the analyzer's exit code and verdict line too. */
 /* Without notices (Slurm's PMIx server: docs/ordering.md) a stall names no culprit and a
- * failure reaches no other rank: rank r of a skip or a failure is held to that. */
+ * failure reaches no other rank: rank r of a skip, a failure or a send/recv case outside the
+ * pair is held to that (a p2p-count's others stall at the window the pair never reaches). */
 static int check_silent(const mcase *mc, json_t *j, int r) {
   const char *layer = jstr(j, "layer"), *state = jstr(j, "state");
-  if (mc->kind == K_FAIL || r == 0) return 0; /* not told: nothing promised (it waits) */
+  if (mc->kind == K_FAIL || mc->kind == K_P2P_SKIP || (mc->kind == K_SKIP && r == 0))
+    return 0; /* not told: nothing promised (it waits) */
   bool self = !strcmp(layer, mc->mode == NCFSM_VERIFY_STRICT ? "strict" : "async");
   if (!self || strcmp(state, "ERROR") || !strstr(jstr(j, "failure"), "not every rank"))
     return check_fail(mc->name, r, "without notices: want the stall bound to fail the comm; got layer %s, state %s: %s",
@@ -618,7 +620,9 @@ static int check_rank(const mcase *mc, json_t *j, int r, int trace_rc, const cha
   bool odd = r == 0;
   int bad = 0;
   json_t *nt = json_object_get(j, "notices");
-  bool quiet = nt && !json_is_true(nt) && mc->mode != NCFSM_VERIFY_OFF && (mc->kind == K_SKIP || mc->kind == K_FAIL);
+  bool pair_self = (mc->kind == K_P2P_COUNT && r <= 1) || (mc->kind == K_P2P_SKIP && r == 1); /* finds it itself */
+  bool told = mc->kind == K_SKIP || mc->kind == K_FAIL || ((mc->kind == K_P2P_COUNT || mc->kind == K_P2P_SKIP) && !pair_self);
+  bool quiet = nt && !json_is_true(nt) && mc->mode != NCFSM_VERIFY_OFF && told;
   if (!quiet && json_is_true(json_object_get(j, "hung")))
     bad |= check_fail(mc->name, r, "the injected op neither finished nor failed within %s", mc->defaults
                       ? "the stall bound + 10 s" : "its deadline + 5 s");
