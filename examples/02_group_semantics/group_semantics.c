@@ -21,6 +21,7 @@
 #include "ncfsm.h"
 #include "ncfsm/bootstrap.h"
 #include "ncfsm/sim.h"
+#include "launch.h"
 
 #define MAXR 64
 #define DETAIL 480
@@ -513,8 +514,9 @@ static ncfsm_result_t init_comms(ncfsm_comm_opts *o, ncfsm_comm **out) {
 static void usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [--ranks N] [--count ELEMENTS] [--csv FILE] [--require-gpu]\n"
-          "  under mpirun (PMIX_RANK set): one rank per process, device = local rank\n"
-          "  otherwise, or with --ranks: one thread drives N ranks (default 4 on the sim,\n"
+          "  under mpirun, srun --mpi=pmix or with NCFSM_STORE_ADDR (NCFSM_BOOTSTRAP=auto): one rank\n"
+          "  per process, device = local rank\n"
+          "  alone, or with --ranks: one thread drives N ranks (default 4 on the sim,\n"
           "  one per GPU on nccl) through ncfsm_comm_init_all\n"
           "  --require-gpu: use nccl; exit 77 (skip) when no GPU is visible\n",
           argv0);
@@ -542,12 +544,6 @@ int main(int argc, char **argv) {
     else usage(argv[0]);
   }
   if (J.count == 0 || ranks_opt < 0 || ranks_opt > MAXR) usage(argv[0]);
-  /* One rank per process under a PMIx launcher or with a TCP store
-   * (NCFSM_STORE_ADDR and the other NCFSM_* settings: docs/settings.md). */
-  ncfsm_boot_opts bo;
-  ncfsm_boot_opts_init(&bo);
-  J.mpi = !ranks_opt && (getenv("PMIX_RANK") || bo.store_addr);
-
   CHECK(ncfsm_comm_opts_init(&J.opts));
   J.opts.name = "group_semantics";
   J.opts.timeout_ms = WAIT_MS;
@@ -572,11 +568,14 @@ int main(int argc, char **argv) {
 
   CHECK(ncfsm_loop_new(NULL, &J.loop));
   ncfsm_loop_set_trace(J.loop, trace, NULL);
+  /* One rank per process, or one process for every rank (--ranks, or alone): the
+   * bootstrap's settings decide (NCFSM_BOOTSTRAP, docs/settings.md; examples/launch.h). */
+  if (!ranks_opt) {
+    ncfsm_boot_opts bo;
+    ncfsm_boot_opts_init(&bo);
+    if ((J.mpi = ex_launch(ncfsm_loop_base(J.loop), &bo, &J.boot, "02_group_semantics")) < 0) return 1;
+  }
   if (J.mpi) {
-    if (ncfsm_boot_open(ncfsm_loop_base(J.loop), &bo, &J.boot) != NCFSM_OK) {
-      fprintf(stderr, "bootstrap: %s\n", ncfsm_boot_open_error());
-      return 1;
-    }
     J.nranks = ncfsm_boot_size(J.boot);
     J.rank0 = ncfsm_boot_rank(J.boot);
     J.nlocal = 1;
