@@ -380,11 +380,13 @@ ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *comm, ncfsm_state_t s, uint64_t
 /* ---- communicators made from communicators (R7, R8; docs/recovery.md) --------
  * The child is a comm made with ncfsm_comm_new on the parent's loop (its
  * options are the child's configuration: blocking, device, timeout, name...;
- * verification must be off: a child has no bootstrap) and still NEW. The
+ * opts.verify not strict: a child has no bootstrap, and async compares its
+ * ranks in this process in memory) and still NEW. The
  * call is issued on the loop thread; the parent is then SPLITTING (or
  * SHRINKING) until NCCL wrote the child's handle, which happens when the
  * parent's async state polls back to success (R8); the child is
- * INIT_IN_PROGRESS meanwhile, then polls its own init to READY. Ops on the
+ * CHILD_QUEUED meanwhile, then INIT_IN_PROGRESS until its own init polls to
+ * READY. Ops on the
  * child queue as during init. A parent that fails or is aborted first fails
  * its child. Every rank of the parent must make the same call (except the
  * ranks a shrink excludes). */
