@@ -651,7 +651,17 @@ typedef struct ncfsm_backend_info {
 
 /* NCFSM_OK with *out filled, or NCFSM_ERR_UNSUPPORTED with out->why. */
 ncfsm_result_t ncfsm_backend_query(ncfsm_backend_kind_t kind, ncfsm_backend_info *out);
-/* Log level from NCFSM_DEBUG (ERROR, WARN, INFO, TRACE); default WARN. */
+/* The log levels: a message is printed (stderr, "ncfsm PID LEVEL file.c:LINE
+ * message") when its level is at or below the level set. */
+typedef enum ncfsm_log_level {
+  NCFSM_LOG_NONE = 0, /* nothing */
+  NCFSM_LOG_ERROR,    /* errors only */
+  NCFSM_LOG_WARN,     /* and warnings: the default */
+  NCFSM_LOG_INFO,     /* and what the engine does (transitions, launches, the backend's WARNs) */
+  NCFSM_LOG_TRACE     /* and every step */
+} ncfsm_log_level_t;
+/* Sets the process's log level (an ncfsm_log_level_t); replaces what
+ * NCFSM_DEBUG (ERROR, WARN, INFO, TRACE) set at start; default WARN. */
 void ncfsm_set_log_level(int level);
 
 #ifdef __cplusplus
