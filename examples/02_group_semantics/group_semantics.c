@@ -592,7 +592,10 @@ int main(int argc, char **argv) {
   if (!ranks_opt) {
     ncfsm_boot_opts bo;
     ncfsm_boot_opts_init(&bo);
-    if ((J.mpi = ex_launch(ncfsm_loop_base(J.loop), &bo, &J.boot, "02_group_semantics")) < 0) return 1;
+    if ((J.mpi = ex_launch(ncfsm_loop_base(J.loop), &bo, &J.boot, "02_group_semantics")) < 0) {
+      ncfsm_loop_close(J.loop);
+      return 1;
+    }
   }
   if (J.mpi) {
     J.nranks = ncfsm_boot_size(J.boot);

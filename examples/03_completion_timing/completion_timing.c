@@ -149,7 +149,10 @@ int main(int argc, char **argv) {
   if (!ranks_opt) {
     ncfsm_boot_opts bo;
     ncfsm_boot_opts_init(&bo);
-    if ((mpi = ex_launch(ncfsm_loop_base(loop), &bo, &boot, "03_completion_timing")) < 0) return 1;
+    if ((mpi = ex_launch(ncfsm_loop_base(loop), &bo, &boot, "03_completion_timing")) < 0) {
+      ncfsm_loop_close(loop);
+      return 1;
+    }
   }
   if (mpi) {
     nranks = ncfsm_boot_size(boot);
