@@ -2,6 +2,7 @@
 # missing Debian packages, configures build/ and builds.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
@@ -26,7 +27,6 @@ demo: build
 
 # Unit, golden, multi-process and fuzz tests, then the same suite under
 # ASan+UBSan, then the threaded paths under TSan.
-TSAN_BUILD ?= build-tsan
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 300
 	@$(BUILD)/tests/test_legality 2>/dev/null | grep '^legality:'
@@ -57,5 +57,6 @@ bench: build
 docs: build
 	cmake --build $(BUILD) --target fsm-docs
 
+# Every build directory configured above.
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

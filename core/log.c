@@ -11,6 +11,12 @@
 #include "core/settings.h"
 #include "ncfsm.h"
 
+/* The public levels (ncfsm_log_level_t) are these. */
+_Static_assert((int)NCFSM_LOG_NONE == (int)NCFSM__LOG_NONE && (int)NCFSM_LOG_ERROR == (int)NCFSM__LOG_ERROR &&
+                   (int)NCFSM_LOG_WARN == (int)NCFSM__LOG_WARN && (int)NCFSM_LOG_INFO == (int)NCFSM__LOG_INFO &&
+                   (int)NCFSM_LOG_TRACE == (int)NCFSM__LOG_TRACE,
+               "ncfsm_log_level_t (include/ncfsm.h) and core/log.h's levels differ");
+
 int ncfsm__log_level = NCFSM__LOG_WARN;
 unsigned ncfsm__log_subsys = NCFSM__SUB_ALL;
 

@@ -382,11 +382,13 @@ ncfsm_result_t ncfsm_comm_wait_state(ncfsm_comm *comm, ncfsm_state_t s, uint64_t
 /* ---- communicators made from communicators (R7, R8; docs/recovery.md) --------
  * The child is a comm made with ncfsm_comm_new on the parent's loop (its
  * options are the child's configuration: blocking, device, timeout, name...;
- * verification must be off: a child has no bootstrap) and still NEW. The
+ * opts.verify not strict: a child has no bootstrap, and async compares its
+ * ranks in this process in memory) and still NEW. The
  * call is issued on the loop thread; the parent is then SPLITTING (or
  * SHRINKING) until NCCL wrote the child's handle, which happens when the
  * parent's async state polls back to success (R8); the child is
- * INIT_IN_PROGRESS meanwhile, then polls its own init to READY. Ops on the
+ * CHILD_QUEUED meanwhile, then INIT_IN_PROGRESS until its own init polls to
+ * READY. Ops on the
  * child queue as during init. A parent that fails or is aborted first fails
  * its child. Every rank of the parent must make the same call (except the
  * ranks a shrink excludes). */
@@ -651,7 +653,17 @@ typedef struct ncfsm_backend_info {
 
 /* NCFSM_OK with *out filled, or NCFSM_ERR_UNSUPPORTED with out->why. */
 ncfsm_result_t ncfsm_backend_query(ncfsm_backend_kind_t kind, ncfsm_backend_info *out);
-/* Log level from NCFSM_DEBUG (ERROR, WARN, INFO, TRACE); default WARN. */
+/* The log levels: a message is printed (stderr, "ncfsm PID LEVEL file.c:LINE
+ * message") when its level is at or below the level set. */
+typedef enum ncfsm_log_level {
+  NCFSM_LOG_NONE = 0, /* nothing */
+  NCFSM_LOG_ERROR,    /* errors only */
+  NCFSM_LOG_WARN,     /* and warnings: the default */
+  NCFSM_LOG_INFO,     /* and what the engine does (transitions, launches, the backend's WARNs) */
+  NCFSM_LOG_TRACE     /* and every step */
+} ncfsm_log_level_t;
+/* Sets the process's log level (an ncfsm_log_level_t); replaces what
+ * NCFSM_DEBUG (ERROR, WARN, INFO, TRACE) set at start; default WARN. */
 void ncfsm_set_log_level(int level);
 
 #ifdef __cplusplus

@@ -63,7 +63,7 @@ void ncfsm__sim_atfork_once(void);
 /* c belongs to the process this one was forked from. */
 int ncfsm__sim_foreign(const sim_comm *c);
 /* The WARN and ncclInvalidUsage of a call on a foreign comm. */
-int ncfsm__sim_foreign_reject(const sim_comm *c, const char *call);
+int ncfsm__sim_foreign_reject(sim_comm *c, const char *call);
 /* The live sim comm bcomm is, or NULL. */
 sim_comm *ncfsm__sim_comm_of(void *bcomm);
 /* Ranks that ever joined the clique, in any process. */

@@ -297,6 +297,7 @@ typedef struct sim_comm {
 
   ncfsm_sim_stats st;
   struct sim_fstate *fs; /* the testing kit's fault plan for it (sim-faults.h); NULL: none */
+  char err[1024];        /* its last WARN (ncfsm__sim_cwarn): its backend last_error */
 } sim_comm;
 
 /* This process's handle on one shared clique. */
@@ -325,8 +326,15 @@ extern uint64_t ncfsm__sim_fork_gen;
 
 /* sim.c */
 /* Record a WARN as NCCL does: last-error text, stderr when NCCL_DEBUG is
- * WARN/INFO/TRACE, and an ncfsm INFO line. */
+ * WARN/INFO/TRACE, and an ncfsm INFO line. The text is the process's last
+ * error (the backend's last_error with a handle that is no sim comm, as
+ * ncclGetLastError); ncfsm__sim_cwarn also makes it c's own (last_error of c),
+ * so that a comm's failure text is never another comm's (c NULL: the
+ * process's only). */
 void ncfsm__sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void ncfsm__sim_cwarn(sim_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The process's last error becomes c's too: a WARN about a whole group. */
+void ncfsm__sim_warn_also(sim_comm *c);
 /* A process-wide setting of the sim (core/settings.def) where the sim uses
  * it: the environment's value, or the default when unset; a refused value
  * gives the default with a WARN (ncfsm_comm_new, and ncfsm__sim_call_opts at

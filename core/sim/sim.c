@@ -63,8 +63,8 @@ void ncfsm__sim_atfork_once(void) { pthread_once(&g_atfork_once, atfork_register
 
 int ncfsm__sim_foreign(const sim_comm *c) { return c->fork_gen != ncfsm__sim_fork_gen; }
 
-int ncfsm__sim_foreign_reject(const sim_comm *c, const char *call) {
-  ncfsm__sim_warn("%s: this communicator (rank %d) belongs to process %d, and this process (%d) is a "
+int ncfsm__sim_foreign_reject(sim_comm *c, const char *call) {
+  ncfsm__sim_cwarn(c, "%s: this communicator (rank %d) belongs to process %d, and this process (%d) is a "
                   "fork of it: a forked child must not use its parent's communicators (make new ones "
                   "from a unique id; only ncclCommAbort is allowed, and frees this process's copy)",
                   call, c->rank, c->pid, (int)getpid());
@@ -97,14 +97,28 @@ static int warn_to_stderr(void) {
   return v;
 }
 
+static void vwarn(sim_comm *c, const char *fmt, va_list ap) {
+  vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+  if (warn_to_stderr()) fprintf(stderr, "NCCL WARN %s\n", g_last_error);
+  NCFSM_INFO(NCFSM__SUB_SIM, "sim: NCCL WARN %s", g_last_error);
+  if (c) ncfsm__sim_warn_also(c);
+}
+
 void ncfsm__sim_warn(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+  vwarn(NULL, fmt, ap);
   va_end(ap);
-  if (warn_to_stderr()) fprintf(stderr, "NCCL WARN %s\n", g_last_error);
-  NCFSM_INFO(NCFSM__SUB_SIM, "sim: NCCL WARN %s", g_last_error);
 }
+
+void ncfsm__sim_cwarn(sim_comm *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vwarn(c, fmt, ap);
+  va_end(ap);
+}
+
+void ncfsm__sim_warn_also(sim_comm *c) { snprintf(c->err, sizeof c->err, "%s", g_last_error); }
 
 long long ncfsm__sim_wait_ms(void) { return (long long)ncfsm__sim_setting(NCFSM__SET_SIM_WAIT_MS).u; }
 
@@ -312,12 +326,15 @@ int ncfsm__sim_unfinished(const sim_comm *c) {
   return 0;
 }
 
-/* Returns a thread-local copy: the process-wide text may change meanwhile. */
+/* A sim comm's own last WARN ("" when it had none), else (no sim comm: a
+ * failed init's NULL handle) the process's, as ncclGetLastError; NCCL's text
+ * is process-wide, so that another comm's failure would show in this one's
+ * failure text. Returns a thread-local copy: the texts may change meanwhile. */
 static const char *sim_last_error(void *bcomm) {
   static __thread char copy[sizeof g_last_error];
-  (void)bcomm; /* ncclGetLastError ignores its comm */
   LOCK();
-  memcpy(copy, g_last_error, sizeof copy);
+  const sim_comm *c = ncfsm__sim_comm_of(bcomm);
+  snprintf(copy, sizeof copy, "%s", c ? c->err : g_last_error);
   UNLOCK();
   return copy;
 }

@@ -16,8 +16,8 @@
  * never ends. Up to 2.30.7 it ended; the sim refuses it there instead (R7). */
 static int barrier_hangs(const sim_comm *c) { return c->shrink_aborted && ncfsm__sim_version() >= 23102; }
 
-static void barrier_warn(const sim_comm *c, const char *call) {
-  ncfsm__sim_warn("%s: rank %d: the parent of an NCCL_SHRINK_ABORT shrink did not return within %lld ms (sim, "
+static void barrier_warn(sim_comm *c, const char *call) {
+  ncfsm__sim_cwarn(c, "%s: rank %d: the parent of an NCCL_SHRINK_ABORT shrink did not return within %lld ms (sim, "
                   "NCFSM_SIM_WAIT_MS): since NCCL 2.31.2 its commDestroySync waits in an untimed intra-node "
                   "barrier for the excluded ranks, which aborted it and never arrive; NCCL blocks for ever "
                   "(pytorch#194679). Abort such a parent, never finalize or destroy it (R7)",
@@ -36,18 +36,18 @@ int ncfsm__sim_finalize(void *bcomm) {
     if (ncfsm__sim_foreign(c)) {
       rc = ncfsm__sim_foreign_reject(c, "ncclCommFinalize");
     } else if (c->state == IN_PROGRESS) {
-      ncfsm__sim_warn(R2_WARN); /* R2, and R4: a second finalize while the first runs */
+      ncfsm__sim_cwarn(c, R2_WARN); /* R2, and R4: a second finalize while the first runs */
       rc = E_ARG;
     } else if (c->shrink_aborted && !barrier_hangs(c)) {
-      ncfsm__sim_warn("ncclCommFinalize: " SHRUNK_WARN);
+      ncfsm__sim_cwarn(c, "ncclCommFinalize: " SHRUNK_WARN);
       rc = E_USAGE;
     } else if (c->state != OK) {
       rc = c->state;
     } else if (c->revoked) {
-      ncfsm__sim_warn("ncclCommFinalize: not allowed after ncclCommRevoke (R6)");
+      ncfsm__sim_cwarn(c, "ncclCommFinalize: not allowed after ncclCommRevoke (R6)");
       rc = E_USAGE;
     } else if (c->finalized) {
-      ncfsm__sim_warn("ncclCommFinalize: comm already finalized"); /* R4 */
+      ncfsm__sim_cwarn(c, "ncclCommFinalize: comm already finalized"); /* R4 */
       rc = E_ARG;
     } else if (!c->blocking) { /* a barrier_hangs parent: InProgress for ever (sim_launch.c) */
       c->state = IN_PROGRESS; /* R1, R4 */
@@ -65,7 +65,7 @@ int ncfsm__sim_finalize(void *bcomm) {
         }
         if (ncfsm__now_ns() >= deadline) {
           if (c->shrink_aborted) barrier_warn(c, "ncclCommFinalize");
-          else ncfsm__sim_warn("ncclCommFinalize: outstanding operations never completed (sim)");
+          else ncfsm__sim_cwarn(c, "ncclCommFinalize: outstanding operations never completed (sim)");
           c->state = rc = E_SYSTEM;
           break;
         }
@@ -103,7 +103,7 @@ int ncfsm__sim_destroy(void *bcomm) {
       barrier_warn(c, "ncclCommDestroy");
       c->state = rc = E_SYSTEM;
     } else {
-      ncfsm__sim_warn("ncclCommDestroy: " SHRUNK_WARN);
+      ncfsm__sim_cwarn(c, "ncclCommDestroy: " SHRUNK_WARN);
       rc = E_USAGE;
     }
     ncfsm__sim_group_fail(c, rc);
@@ -111,9 +111,9 @@ int ncfsm__sim_destroy(void *bcomm) {
     /* R4: destroy is only legal in ncclSuccess. Rejected without destroying;
      * the thread's group mode is left dirty (measured cascade). */
     c->st.destroys++;
-    if (c->state == IN_PROGRESS) ncfsm__sim_warn(R2_WARN);
+    if (c->state == IN_PROGRESS) ncfsm__sim_cwarn(c, R2_WARN);
     else
-      ncfsm__sim_warn("ncclCommDestroy: communicator is in error state %s; use ncclCommAbort (R4)",
+      ncfsm__sim_cwarn(c, "ncclCommDestroy: communicator is in error state %s; use ncclCommAbort (R4)",
                       ncfsm__sim_res_name(c->state));
     rc = E_ARG;
     ncfsm__sim_group_fail(c, rc);
@@ -159,16 +159,16 @@ int ncfsm__sim_revoke(void *bcomm, int flags) {
     rc = ncfsm__sim_foreign_reject(c, "ncclCommRevoke");
   } else if (c->st.revokes++, ncfsm__sim_version() < 22807 || !c->o.has_revoke) {
     /* R6: the modelled runtime has no ncclCommRevoke (2.28.3) */
-    ncfsm__sim_warn("ncclCommRevoke not available (NCCL %d, needs >= 2.28.7) (R6)",
+    ncfsm__sim_cwarn(c, "ncclCommRevoke not available (NCCL %d, needs >= 2.28.7) (R6)",
                     c->o.has_revoke ? ncfsm__sim_version() : 22803);
     c->st.rejected++;
     rc = E_USAGE;
   } else if (c->shrink_aborted) {
-    ncfsm__sim_warn("ncclCommRevoke: " SHRUNK_WARN);
+    ncfsm__sim_cwarn(c, "ncclCommRevoke: " SHRUNK_WARN);
     c->st.rejected++;
     rc = E_USAGE;
   } else if (c->phase == SIM_PH_INIT) {
-    ncfsm__sim_warn("ncclCommRevoke: communicator is still initializing (sim)");
+    ncfsm__sim_cwarn(c, "ncclCommRevoke: communicator is still initializing (sim)");
     c->st.rejected++;
     rc = E_USAGE;
   } else {

@@ -162,14 +162,14 @@ static int deposit(sim_clique *q, sim_comm *c) {
           c->phase = SIM_PH_NONE;
           c->armed = 0;
         }
-        ncfsm__sim_warn("sim: no space left in /dev/shm for %zu bytes of rank %d's data (%s)", len,
+        ncfsm__sim_cwarn(c, "sim: no space left in /dev/shm for %zu bytes of rank %d's data (%s)", len,
                         c->rank, strerror(nospace));
         continue;
       }
       if (!d) { /* the arena is full for now: retry when peers freed space */
         if (!q->full_warned) {
           q->full_warned = 1;
-          ncfsm__sim_warn("sim: the clique's shared arena is full (NCFSM_SIM_SHM_BYTES=%llu); rank %d "
+          ncfsm__sim_cwarn(c, "sim: the clique's shared arena is full (NCFSM_SIM_SHM_BYTES=%llu); rank %d "
                           "waits for space (ops of one group that together exceed it never run)",
                           (unsigned long long)q->h->arena_len, c->rank);
         }
@@ -658,7 +658,7 @@ static void fail_on_dead_peers(sim_clique *q) {
     int dead = -1;
     for (int p = 0; p < q->h->nranks && dead < 0; p++)
       if (q->h->rank[p].dead) dead = p;
-    ncfsm__sim_warn("sim: rank %d: peer rank %d (pid %d) died; unfinished operations cannot complete "
+    ncfsm__sim_cwarn(c, "sim: rank %d: peer rank %d (pid %d) died; unfinished operations cannot complete "
                     "(ncclRemoteError)", c->rank, dead, dead >= 0 ? (int)q->h->rank[dead].pid : -1);
   }
 }

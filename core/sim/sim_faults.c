@@ -213,7 +213,7 @@ static uint64_t seen_count(const char *name, int rank) {
 }
 
 static void kill_self(sim_comm *c, const char *where) {
-  ncfsm__sim_warn("sim: injected process death (SIGKILL) of rank %d %s", c->rank, where);
+  ncfsm__sim_cwarn(c, "sim: injected process death (SIGKILL) of rank %d %s", c->rank, where);
   raise(SIGKILL);
 }
 
@@ -363,7 +363,7 @@ int ncfsm__sim_fault_phase_end(sim_comm *c, int final) {
   int code = fs->phase_err;
   fs->phase_err = 0;
   if (final != NCFSM__NCCL_SUCCESS) return final;
-  ncfsm__sim_warn("sim: injected async error %d at the end of the %s phase (rank %d)", code,
+  ncfsm__sim_cwarn(c, "sim: injected async error %d at the end of the %s phase (rank %d)", code,
                   phase_names[c->phase <= SIM_PH_XCOMM ? c->phase : 0], c->rank);
   return code;
 }
@@ -531,7 +531,7 @@ void ncfsm__sim_fault_poll(sim_comm *c) {
         c->phase = SIM_PH_NONE;
         c->armed = 0;
         c->poisoned = 0;
-        ncfsm__sim_warn("sim: injected async error %d %s (rank %d)", code, where, c->rank);
+        ncfsm__sim_cwarn(c, "sim: injected async error %d %s (rank %d)", code, where, c->rank);
       }
     } else {
       arm(c, x, where);

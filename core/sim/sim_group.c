@@ -96,6 +96,7 @@ static int wait_blocking_inits(sim_comm *list) {
           c->init_in_group = 0;
           c->phase = SIM_PH_NONE;
           c->state = E_SYSTEM;
+          ncfsm__sim_warn_also(c);
         }
       return E_SYSTEM;
     }
@@ -108,7 +109,7 @@ static int wait_blocking_inits(sim_comm *list) {
     c->phase = SIM_PH_NONE;
     c->state = c->o.fail_init ? c->o.fail_init : OK;
     if (c->o.fail_init) {
-      ncfsm__sim_warn("sim: injected init failure %s (rank %d)", ncfsm__sim_res_name(c->state), c->rank);
+      ncfsm__sim_cwarn(c, "sim: injected init failure %s (rank %d)", ncfsm__sim_res_name(c->state), c->rank);
       if (!rc) rc = c->state;
     }
   }
@@ -146,6 +147,7 @@ static int wait_blocking_launches(sim_comm *list) {
           ncfsm__sim_unit_drop(c->staged);
           c->staged = NULL;
           if (c->state == OK) c->state = E_SYSTEM;
+          ncfsm__sim_warn_also(c);
         }
       return E_SYSTEM;
     }

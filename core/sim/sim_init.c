@@ -109,7 +109,7 @@ int ncfsm__sim_comm_create(sim_comm **out, int nranks, const unsigned char *key,
                            const ncfsm__comm_config *cfg, const char *call) {
   sim_clique *q = ncfsm__sim_clique_find(key);
   if (q && q->nranks == nranks && q->slot[rank] && q->slot[rank]->state == IN_PROGRESS) {
-    ncfsm__sim_warn(R2_WARN); /* R2: init again while the first is in progress */
+    ncfsm__sim_cwarn(q->slot[rank], R2_WARN); /* R2: init again while the first is in progress */
     ncfsm__sim_group_fail(q->slot[rank], E_ARG);
     return E_ARG;
   }

@@ -46,7 +46,7 @@ void ncfsm__sim_post(sim_comm *c, sim_unit *u) {
     } else if ((c->o.async_error_at_op >= 0 && o->seq == (uint64_t)c->o.async_error_at_op) || ferr) {
       o->dead = 1; /* R10: the op hit by an async error never completes */
       c->state = ferr ? ferr : c->o.async_error_code ? c->o.async_error_code : E_REMOTE;
-      ncfsm__sim_warn("sim: injected async error %s at op %llu (%s, rank %d)", ncfsm__sim_res_name(c->state),
+      ncfsm__sim_cwarn(c, "sim: injected async error %s at op %llu (%s, rank %d)", ncfsm__sim_res_name(c->state),
                       (unsigned long long)o->seq, ncfsm__sim_op_name(o->a.kind), c->rank);
     }
     /* its shared descriptor: what peers (in any process) match against */
@@ -55,7 +55,7 @@ void ncfsm__sim_post(sim_comm *c, sim_unit *u) {
       o->dead = 1; /* never executes */
       if (c->state == OK) {
         c->state = E_SYSTEM;
-        ncfsm__sim_warn("sim: rank %d: no room in the clique's shared arena for an op descriptor "
+        ncfsm__sim_cwarn(c, "sim: rank %d: no room in the clique's shared arena for an op descriptor "
                         "(NCFSM_SIM_SHM_BYTES)", c->rank);
       }
       continue;
@@ -178,7 +178,7 @@ static void comm_tick(sim_comm *c) {
     if (c->q && ncfsm__sim_clique_joined(c->q) < c->nranks) return; /* a missing rank keeps all waiting */
     if (c->o.fail_init) {
       final = c->o.fail_init;
-      ncfsm__sim_warn("sim: injected init failure %s (rank %d)", ncfsm__sim_res_name(final), c->rank);
+      ncfsm__sim_cwarn(c, "sim: injected init failure %s (rank %d)", ncfsm__sim_res_name(final), c->rank);
     }
     break;
   case SIM_PH_FINALIZE:
@@ -219,7 +219,7 @@ int ncfsm__sim_get_async_error(void *bcomm, int *state) {
   sim_comm *c = ncfsm__sim_comm_of(bcomm);
   int rc = OK;
   if (!c || !state) {
-    ncfsm__sim_warn("ncclCommGetAsyncError : comm argument is NULL or not a sim communicator");
+    ncfsm__sim_cwarn(c, "ncclCommGetAsyncError : comm argument is NULL or not a sim communicator");
     rc = E_ARG;
   } else if (ncfsm__sim_foreign(c)) {
     rc = ncfsm__sim_foreign_reject(c, "ncclCommGetAsyncError");

@@ -10,9 +10,9 @@
 
 /* ArgsCheck (misc/argcheck.cc): root (peer for send/recv), type, reduction
  * operator, then the buffers a rank needs. */
-static int args_check(const sim_comm *c, const ncfsm__op *op) {
+static int args_check(sim_comm *c, const ncfsm__op *op) {
   if ((unsigned)op->kind >= (unsigned)NCFSM_OPKIND_COUNT) {
-    ncfsm__sim_warn("sim: invalid operation kind %d", (int)op->kind);
+    ncfsm__sim_cwarn(c, "sim: invalid operation kind %d", (int)op->kind);
     return E_ARG;
   }
   ncfsm_opkind_t k = op->kind;
@@ -23,18 +23,18 @@ static int args_check(const sim_comm *c, const ncfsm__op *op) {
   if (rooted || p2p) { /* NCCL passes the peer of send/recv as the root */
     int root = p2p ? op->peer : op->root;
     if (root < 0 || root >= c->nranks) {
-      ncfsm__sim_warn("%s : invalid root %d (root should be in the 0..%d range)", nm, root,
+      ncfsm__sim_cwarn(c, "%s : invalid root %d (root should be in the 0..%d range)", nm, root,
                       c->nranks - 1);
       return E_ARG;
     }
   }
   if ((unsigned)op->dtype >= (unsigned)NCFSM_DTYPE_COUNT) {
-    ncfsm__sim_warn("%s : invalid type %d", nm, (int)op->dtype);
+    ncfsm__sim_cwarn(c, "%s : invalid type %d", nm, (int)op->dtype);
     return E_ARG;
   }
   int reduces = k == NCFSM_KIND_ALLREDUCE || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_REDUCESCATTER;
   if (reduces && (unsigned)op->redop >= (unsigned)NCFSM_REDOP_COUNT) {
-    ncfsm__sim_warn("%s : invalid reduction operation %d", nm, (int)op->redop);
+    ncfsm__sim_cwarn(c, "%s : invalid reduction operation %d", nm, (int)op->redop);
     return E_ARG;
   }
   size_t es = ncfsm__sim_dtype_size(op->dtype);
@@ -44,7 +44,7 @@ static int args_check(const sim_comm *c, const ncfsm__op *op) {
                     : 1;
   size_t unit, total;
   if (__builtin_mul_overflow(es, mult, &unit) || __builtin_mul_overflow(op->count, unit, &total)) {
-    ncfsm__sim_warn("%s : count %zu is too large", nm, op->count);
+    ncfsm__sim_cwarn(c, "%s : count %zu is too large", nm, op->count);
     return E_ARG;
   }
   if (op->count > 0) {
@@ -55,17 +55,17 @@ static int args_check(const sim_comm *c, const ncfsm__op *op) {
     if (k == NCFSM_KIND_SEND) need_recv = 0;
     if (k == NCFSM_KIND_RECV) need_send = 0;
     if (need_send && !op->send) {
-      ncfsm__sim_warn("%s : %s %p is not a valid pointer", nm, p2p ? "buff" : "sendbuff", op->send);
+      ncfsm__sim_cwarn(c, "%s : %s %p is not a valid pointer", nm, p2p ? "buff" : "sendbuff", op->send);
       return E_ARG;
     }
     if (need_recv && !op->recv) {
-      ncfsm__sim_warn("%s : %s %p is not a valid pointer", nm, p2p ? "buff" : "recvbuff",
+      ncfsm__sim_cwarn(c, "%s : %s %p is not a valid pointer", nm, p2p ? "buff" : "recvbuff",
                       (void *)op->recv);
       return E_ARG;
     }
   }
   if (op->stream && !ncfsm__sim_stream_valid(op->stream)) {
-    ncfsm__sim_warn("%s : invalid stream %p", nm, op->stream);
+    ncfsm__sim_cwarn(c, "%s : invalid stream %p", nm, op->stream);
     return E_ARG;
   }
   return OK;
@@ -75,7 +75,7 @@ static int args_check(const sim_comm *c, const ncfsm__op *op) {
  * rank's send data, the result block and the descriptors. Otherwise the op
  * could never run: refuse it (ncclSystemError, as NCCL on a failed shm
  * allocation) instead of hanging. args_check ruled out overflows. */
-static int arena_check(const sim_comm *c, const ncfsm__op *op) {
+static int arena_check(sim_comm *c, const ncfsm__op *op) {
   if (!c->q) return OK;
   ncfsm_opkind_t k = op->kind;
   size_t n = (size_t)c->nranks, blk = op->count * ncfsm__sim_dtype_size(op->dtype), all = blk * n;
@@ -94,7 +94,7 @@ static int arena_check(const sim_comm *c, const ncfsm__op *op) {
   double need = (double)senders * (double)(send + 128) + (double)res + 128.0 +
                 (double)n * (double)(sizeof(shm_op) + 128);
   if (need <= (double)c->q->h->arena_len) return OK;
-  ncfsm__sim_warn("%s : %zu elements need %.0f bytes of the clique's shared memory, more than its "
+  ncfsm__sim_cwarn(c, "%s : %zu elements need %.0f bytes of the clique's shared memory, more than its "
                   "arena of %llu bytes (raise NCFSM_SIM_SHM_BYTES before the clique is created)",
                   ncfsm__sim_op_name(k), op->count, need, (unsigned long long)c->q->h->arena_len);
   return E_SYSTEM;
@@ -104,21 +104,21 @@ static int arena_check(const sim_comm *c, const ncfsm__op *op) {
 static int op_admit(sim_comm *c, const ncfsm__op *op) {
   if (ncfsm__sim_foreign(c)) return ncfsm__sim_foreign_reject(c, ncfsm__sim_op_name(op->kind));
   if (c->state == IN_PROGRESS) {
-    ncfsm__sim_warn(R2_WARN); /* R2 */
+    ncfsm__sim_cwarn(c, R2_WARN); /* R2 */
     return E_ARG;
   }
   if (c->shrink_aborted) {
-    ncfsm__sim_warn("%s : " SHRUNK_WARN, ncfsm__sim_op_name(op->kind));
+    ncfsm__sim_cwarn(c, "%s : " SHRUNK_WARN, ncfsm__sim_op_name(op->kind));
     return E_USAGE;
   }
   if (c->state != OK) return c->state; /* R10: the async error, again */
   if (c->revoked) {
-    ncfsm__sim_warn("%s : communicator was revoked; new operations are not allowed (R6)",
+    ncfsm__sim_cwarn(c, "%s : communicator was revoked; new operations are not allowed (R6)",
                     ncfsm__sim_op_name(op->kind));
     return E_USAGE;
   }
   if (c->finalized) {
-    ncfsm__sim_warn("%s : communicator was finalized (sim)", ncfsm__sim_op_name(op->kind));
+    ncfsm__sim_cwarn(c, "%s : communicator was finalized (sim)", ncfsm__sim_op_name(op->kind));
     return E_USAGE;
   }
   int rc = args_check(c, op);
@@ -138,7 +138,7 @@ int ncfsm__sim_op(void *bcomm, const ncfsm__op *op) {
   } else {
     c->st.ops++;
     if (!op) {
-      ncfsm__sim_warn("sim: op is NULL");
+      ncfsm__sim_cwarn(c, "sim: op is NULL");
       rc = E_ARG;
     } else {
       rc = op_admit(c, op);
@@ -148,7 +148,7 @@ int ncfsm__sim_op(void *bcomm, const ncfsm__op *op) {
       if (!c->pending && o) c->pending = calloc(1, sizeof *c->pending);
       if (!o || !c->pending) {
         free(o);
-        ncfsm__sim_warn("sim: out of memory");
+        ncfsm__sim_cwarn(c, "sim: out of memory");
         rc = E_SYSTEM;
       } else {
         o->a = *op;

@@ -47,39 +47,39 @@ static int xcomm_admit(sim_comm *c, int kind, int flags) {
   int abort = kind == SIM_X_SHRINK && (flags & NCFSM__SHRINK_ABORT);
   if (ncfsm__sim_foreign(c)) return ncfsm__sim_foreign_reject(c, call);
   if (c->state == IN_PROGRESS) {
-    ncfsm__sim_warn(R2_WARN); /* R2 */
+    ncfsm__sim_cwarn(c, R2_WARN); /* R2 */
     return E_ARG;
   }
   if (c->shrink_aborted) {
-    ncfsm__sim_warn("%s: " SHRUNK_WARN, call);
+    ncfsm__sim_cwarn(c, "%s: " SHRUNK_WARN, call);
     return E_USAGE;
   }
   if (kind == SIM_X_SHRINK && ncfsm__sim_version() < 22703) {
-    ncfsm__sim_warn("ncclCommShrink not available (NCCL %d, needs >= 2.27.3) (R7)", ncfsm__sim_version());
+    ncfsm__sim_cwarn(c, "ncclCommShrink not available (NCCL %d, needs >= 2.27.3) (R7)", ncfsm__sim_version());
     return E_USAGE;
   }
   if (kind == SIM_X_GROW && !ncfsm__sim_grow_ok(&c->o)) {
-    ncfsm__sim_warn(GROW_WARN, ncfsm__sim_version());
+    ncfsm__sim_cwarn(c, GROW_WARN, ncfsm__sim_version());
     return E_USAGE;
   }
   if (c->xop) {
-    ncfsm__sim_warn("%s: a split, shrink or grow of this communicator is already pending in this group "
+    ncfsm__sim_cwarn(c, "%s: a split, shrink or grow of this communicator is already pending in this group "
                     "(sim)", call);
     return E_USAGE;
   }
   if (c->finalized) {
-    ncfsm__sim_warn("%s: communicator was finalized (sim)", call);
+    ncfsm__sim_cwarn(c, "%s: communicator was finalized (sim)", call);
     return E_USAGE;
   }
   if (c->revoked) {
     if (kind == SIM_X_SHRINK) return OK; /* R6: its work was stopped; shrink (either mode) is the way on */
-    ncfsm__sim_warn("%s: communicator was revoked: only ncclCommShrink, ncclCommDestroy and ncclCommAbort "
+    ncfsm__sim_cwarn(c, "%s: communicator was revoked: only ncclCommShrink, ncclCommDestroy and ncclCommAbort "
                     "are allowed on it (sim; R6, R8: %s needs a healthy parent)", call, call);
     return E_USAGE;
   }
   if (c->state != OK) {
     if (abort) return OK; /* R7: the recovery path */
-    ncfsm__sim_warn("%s: the parent communicator is in error state %s; %s", call,
+    ncfsm__sim_cwarn(c, "%s: the parent communicator is in error state %s; %s", call,
                     ncfsm__sim_res_name(c->state),
                     kind == SIM_X_SHRINK ? "shrink it with NCCL_SHRINK_ABORT (R7)"
                                          : "it needs a healthy parent: shrink it with NCCL_SHRINK_ABORT, or "
@@ -90,7 +90,7 @@ static int xcomm_admit(sim_comm *c, int kind, int flags) {
   ncfsm__sim_progress(); /* collect what executed */
   uint64_t n = c->outstanding + (c->pending ? c->pending->n : 0) + (c->staged ? c->staged->n : 0);
   if (n || ncfsm__sim_unfinished(c)) {
-    ncfsm__sim_warn("%s: the parent communicator has %llu operation(s) outstanding; NCCL needs a parent "
+    ncfsm__sim_cwarn(c, "%s: the parent communicator has %llu operation(s) outstanding; NCCL needs a parent "
                     "with no outstanding work (%s)", call, (unsigned long long)n,
                     kind == SIM_X_SHRINK ? "R7: wait for them, or shrink with NCCL_SHRINK_ABORT"
                     : kind == SIM_X_SPLIT ? "R8: wait for them first"
@@ -139,21 +139,21 @@ static int cmp_int(const void *a, const void *b) {
 
 /* Shrink, before the parent's state (ncclCommInitChildComm's order):
  * pointers, a positive count, this rank not excluded. *ex: the sorted copy. */
-static int shrink_list(const sim_comm *c, const xargs *a, void **child, const ncfsm__comm_config *cfg, int **ex) {
+static int shrink_list(sim_comm *c, const xargs *a, void **child, const ncfsm__comm_config *cfg, int **ex) {
   if (!child || !cfg || !a->exclude || a->nexclude <= 0) {
-    ncfsm__sim_warn("ncclCommShrink : newcomm, config or excludeRanksList is NULL, or excludeRanksCount %d "
+    ncfsm__sim_cwarn(c, "ncclCommShrink : newcomm, config or excludeRanksList is NULL, or excludeRanksCount %d "
                     "is not positive", a->nexclude);
     return E_ARG;
   }
   if (!(*ex = malloc((size_t)a->nexclude * sizeof **ex))) {
-    ncfsm__sim_warn("ncclCommShrink: out of memory");
+    ncfsm__sim_cwarn(c, "ncclCommShrink: out of memory");
     return E_SYSTEM;
   }
   memcpy(*ex, a->exclude, (size_t)a->nexclude * sizeof **ex);
   qsort(*ex, (size_t)a->nexclude, sizeof **ex, cmp_int);
   for (int i = 0; i < a->nexclude; i++)
     if ((*ex)[i] == c->rank) {
-      ncfsm__sim_warn("ncclCommShrink : rank %d is in the exclude list; excluded ranks must not call "
+      ncfsm__sim_cwarn(c, "ncclCommShrink : rank %d is in the exclude list; excluded ranks must not call "
                       "ncclCommShrink (R7)", c->rank);
       return E_ARG;
     }
@@ -168,38 +168,38 @@ static int x_args_check(sim_comm *c, int kind, void **child, const ncfsm__comm_c
   if (kind == SIM_X_SHRINK) {
     for (int i = 0; i < a->nexclude; i++) {
       if (ex[i] < 0 || ex[i] >= c->nranks) {
-        ncfsm__sim_warn("ncclCommShrink : excluded rank %d is out of range (0..%d) (sim)", ex[i], c->nranks - 1);
+        ncfsm__sim_cwarn(c, "ncclCommShrink : excluded rank %d is out of range (0..%d) (sim)", ex[i], c->nranks - 1);
         return E_ARG;
       }
       if (i && ex[i] == ex[i - 1]) {
-        ncfsm__sim_warn("ncclCommShrink : rank %d is excluded twice (sim)", ex[i]);
+        ncfsm__sim_cwarn(c, "ncclCommShrink : rank %d is excluded twice (sim)", ex[i]);
         return E_ARG;
       }
     }
     return OK;
   }
   if (!child || !cfg) {
-    ncfsm__sim_warn("%s : newcomm or config argument is NULL", call);
+    ncfsm__sim_cwarn(c, "%s : newcomm or config argument is NULL", call);
     return E_ARG;
   }
   if (kind == SIM_X_SPLIT) return OK;
   if (a->rank != -1) {
-    ncfsm__sim_warn("ncclCommGrow : an existing rank passes rank -1 (got %d); it keeps its rank %d", a->rank,
+    ncfsm__sim_cwarn(c, "ncclCommGrow : an existing rank passes rank -1 (got %d); it keeps its rank %d", a->rank,
                     c->rank);
     return E_ARG;
   }
   if (a->nranks <= c->nranks) {
-    ncfsm__sim_warn("ncclCommGrow : nranks %d must be larger than the parent's %d", a->nranks, c->nranks);
+    ncfsm__sim_cwarn(c, "ncclCommGrow : nranks %d must be larger than the parent's %d", a->nranks, c->nranks);
     return E_ARG;
   }
   const ncfsm_unique_id *id = a->id;
   if (id && (!is_grow_id(id) || memcmp(id->internal + GROW_PARENT_OFF, c->q->key, SIM_ID_KEY_LEN) ||
              grow_id_nranks(id) != c->nranks)) {
-    ncfsm__sim_warn("ncclCommGrow : the unique id was not made by ncclCommGetUniqueId on this communicator (sim)");
+    ncfsm__sim_cwarn(c, "ncclCommGrow : the unique id was not made by ncclCommGetUniqueId on this communicator (sim)");
     return E_ARG;
   }
   if (id && ncfsm__sim_grow_used(c, (const unsigned char *)id->internal)) {
-    ncfsm__sim_warn("ncclCommGrow : this unique id was already used by a grow (ids are single-use)");
+    ncfsm__sim_cwarn(c, "ncclCommGrow : this unique id was already used by a grow (ids are single-use)");
     return E_ARG;
   }
   return OK;
@@ -259,7 +259,7 @@ static int x_call(int kind, void *parent, void **child, const ncfsm__comm_config
     if (!rc) {
       sim_xop *x = xop_new(c, kind, child, cfg, &o);
       if (!x) {
-        ncfsm__sim_warn("%s: out of memory", ncfsm__sim_xcall[kind]);
+        ncfsm__sim_cwarn(c, "%s: out of memory", ncfsm__sim_xcall[kind]);
         rc = E_SYSTEM;
       } else {
         x_fill(c, x, a, &ex);
@@ -289,22 +289,22 @@ int ncfsm__sim_comm_get_unique_id(void *bcomm, ncfsm_unique_id *id) {
   int rc = OK;
   sim_comm *c = ncfsm__sim_comm_of(bcomm);
   if (!c || !id) {
-    ncfsm__sim_warn("ncclCommGetUniqueId : comm argument is NULL or not a sim communicator, or uniqueId "
+    ncfsm__sim_cwarn(c, "ncclCommGetUniqueId : comm argument is NULL or not a sim communicator, or uniqueId "
                     "is NULL");
     rc = E_ARG;
   } else if (ncfsm__sim_foreign(c)) {
     rc = ncfsm__sim_foreign_reject(c, "ncclCommGetUniqueId");
   } else if (!ncfsm__sim_grow_ok(&c->o)) {
-    ncfsm__sim_warn("ncclCommGetUniqueId: ncclCommGrow needs NCCL 2.29 (modelled %d, "
+    ncfsm__sim_cwarn(c, "ncclCommGetUniqueId: ncclCommGrow needs NCCL 2.29 (modelled %d, "
                     "ncfsm_sim_opts.has_grow = 0)", ncfsm__sim_version());
     rc = E_USAGE;
   } else if (c->state == IN_PROGRESS) {
-    ncfsm__sim_warn(R2_WARN); /* R2: ncclCommEnsureReady (no group: not poisoned) */
+    ncfsm__sim_cwarn(c, R2_WARN); /* R2: ncclCommEnsureReady (no group: not poisoned) */
     rc = E_ARG;
   } else if (c->state != OK) {
     rc = c->state; /* ncclCommEnsureReady keeps an error state */
   } else if (c->shrink_aborted || c->revoked || c->finalized) {
-    ncfsm__sim_warn("ncclCommGetUniqueId: the communicator is %s; a grow needs a healthy parent (sim)",
+    ncfsm__sim_cwarn(c, "ncclCommGetUniqueId: the communicator is %s; a grow needs a healthy parent (sim)",
                     c->shrink_aborted ? "shrunk with NCCL_SHRINK_ABORT"
                     : c->revoked      ? "revoked"
                                       : "finalized");
@@ -312,7 +312,7 @@ int ncfsm__sim_comm_get_unique_id(void *bcomm, ncfsm_unique_id *id) {
   } else {
     memset(id, 0, sizeof *id);
     if (ncfsm__sim_random_key((unsigned char *)id->internal)) {
-      ncfsm__sim_warn("ncclCommGetUniqueId: getrandom failed: %s", strerror(errno));
+      ncfsm__sim_cwarn(c, "ncclCommGetUniqueId: getrandom failed: %s", strerror(errno));
       rc = E_SYSTEM;
     } else {
       int32_t n = c->nranks;
@@ -398,12 +398,12 @@ int ncfsm__sim_comm_rank_size(void *bcomm, int *rank, int *size) {
   int rc = OK;
   sim_comm *c = ncfsm__sim_comm_of(bcomm);
   if (!c || !rank || !size) {
-    ncfsm__sim_warn("ncclCommCount : comm argument is NULL or not a sim communicator, or count is NULL");
+    ncfsm__sim_cwarn(c, "ncclCommCount : comm argument is NULL or not a sim communicator, or count is NULL");
     rc = E_ARG;
   } else if (ncfsm__sim_foreign(c)) {
     rc = ncfsm__sim_foreign_reject(c, "ncclCommCount");
   } else if (c->state == IN_PROGRESS) {
-    ncfsm__sim_warn(R2_WARN); /* R2: ncclCommEnsureReady */
+    ncfsm__sim_cwarn(c, R2_WARN); /* R2: ncclCommEnsureReady */
     rc = E_ARG;
   } else if (c->state != OK) {
     rc = c->state;

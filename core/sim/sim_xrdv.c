@@ -142,7 +142,7 @@ int ncfsm__sim_xop_ready(sim_comm *c) {
     const shm_rank *rk = &h->rank[p];
     if (rk->xn[x->kind] <= x->n) {
       if (rk->dead) {
-        ncfsm__sim_warn("sim: rank %d: parent rank %d (pid %d) died before calling %s; it cannot complete "
+        ncfsm__sim_cwarn(c, "sim: rank %d: parent rank %d (pid %d) died before calling %s; it cannot complete "
                         "(ncclRemoteError; shrink the parent with NCCL_SHRINK_ABORT, excluding it)", c->rank,
                         p, (int)rk->pid, call);
         err = E_REMOTE;
@@ -152,15 +152,15 @@ int ncfsm__sim_xop_ready(sim_comm *c) {
     }
     const shm_xrec *r = &rk->x[x->kind][x->n % 2];
     if (r->seq != x->n + 1) {
-      ncfsm__sim_warn("%s: rank %d made a different number of %s calls on this communicator than rank %d "
+      ncfsm__sim_cwarn(c, "%s: rank %d made a different number of %s calls on this communicator than rank %d "
                       "(sim: every member makes the same sequence of them)", call, p, call, c->rank);
       err = E_ARG;
     } else if (x->kind == SIM_X_SHRINK && r->hash != x->hash) {
-      ncfsm__sim_warn("ncclCommShrink: ranks %d and %d passed different exclude lists (R7)", c->rank, p);
+      ncfsm__sim_cwarn(c, "ncclCommShrink: ranks %d and %d passed different exclude lists (R7)", c->rank, p);
       err = E_ARG;
     } else if (x->kind == SIM_X_GROW) {
       if (r->a != x->grow_nranks) {
-        ncfsm__sim_warn("ncclCommGrow: ranks %d and %d passed different nranks (%d, %d)", c->rank, p,
+        ncfsm__sim_cwarn(c, "ncclCommGrow: ranks %d and %d passed different nranks (%d, %d)", c->rank, p,
                         x->grow_nranks, (int)r->a);
         err = E_ARG;
       }
@@ -171,7 +171,7 @@ int ncfsm__sim_xop_ready(sim_comm *c) {
     }
   }
   if (!err && !waiting && x->kind == SIM_X_GROW && holders != 1) {
-    ncfsm__sim_warn("ncclCommGrow: %d existing ranks passed the unique id; exactly one must (the rank that "
+    ncfsm__sim_cwarn(c, "ncclCommGrow: %d existing ranks passed the unique id; exactly one must (the rank that "
                     "made it with ncclCommGetUniqueId; the others pass NULL)", holders);
     err = E_ARG;
   }
@@ -252,6 +252,7 @@ int ncfsm__sim_wait_xops(sim_comm *list) {
         if (!c->zombie && c->blocking && c->xop && !c->xop->done && c->phase == SIM_PH_XCOMM) {
           c->xop->done = 1;
           c->xop->final = E_SYSTEM;
+          ncfsm__sim_warn_also(c);
         }
       break;
     }
@@ -270,12 +271,12 @@ int ncfsm__sim_wait_xops(sim_comm *list) {
       }
       ch->phase = SIM_PH_NONE;
       if (ch->q && ncfsm__sim_clique_joined(ch->q) < ch->nranks) {
-        ncfsm__sim_warn("%s: the child's peers never arrived within %lld ms (sim, NCFSM_SIM_WAIT_MS)",
+        ncfsm__sim_cwarn(c, "%s: the child's peers never arrived within %lld ms (sim, NCFSM_SIM_WAIT_MS)",
                         ncfsm__sim_xcall[x->kind], ncfsm__sim_wait_ms());
         ch->state = E_SYSTEM;
       } else if (ch->o.fail_init) {
         ch->state = ch->o.fail_init;
-        ncfsm__sim_warn("sim: injected init failure %s (rank %d)", ncfsm__sim_res_name(ch->state), ch->rank);
+        ncfsm__sim_cwarn(c, "sim: injected init failure %s (rank %d)", ncfsm__sim_res_name(ch->state), ch->rank);
       } else {
         ch->state = OK;
       }

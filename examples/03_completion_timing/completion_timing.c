@@ -27,6 +27,7 @@
 
 #include "ncfsm.h"
 #include "ncfsm/bootstrap.h"
+#include "launch.h"
 
 #define MAXR 64
 #define WAIT_MS 120000
@@ -85,8 +86,9 @@ static void usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [--ranks N] [--bytes B] [--warmup W] [--cycles C] [--csv FILE] [--blocking] [--require-gpu]\n"
           "  defaults: 256 MiB per rank, 3 warm-up and 10 measured cycles\n"
-          "  under mpirun (PMIX_RANK set): one rank per process, device = local rank\n"
-          "  otherwise, or with --ranks: one thread drives N ranks (default 4 on the sim,\n"
+          "  under mpirun, srun --mpi=pmix or with NCFSM_STORE_ADDR (NCFSM_BOOTSTRAP=auto): one rank\n"
+          "  per process, device = local rank\n"
+          "  alone, or with --ranks: one thread drives N ranks (default 4 on the sim,\n"
           "  one per GPU on nccl) through ncfsm_comm_init_all\n"
           "  --blocking: blocking communicators (the launch is final when NCCL's group end returns)\n"
           "  --require-gpu: use nccl; exit 77 (skip) when no GPU is visible\n",
@@ -110,12 +112,6 @@ int main(int argc, char **argv) {
   }
   size_t count = bytes / sizeof(int32_t);
   if (count == 0 || warmup < 0 || cycles < 1 || ranks_opt < 0 || ranks_opt > MAXR) usage(argv[0]);
-  /* One rank per process under a PMIx launcher or with a TCP store
-   * (NCFSM_STORE_ADDR and the other NCFSM_* settings: docs/settings.md). */
-  ncfsm_boot_opts bo;
-  ncfsm_boot_opts_init(&bo);
-  int mpi = !ranks_opt && (getenv("PMIX_RANK") || bo.store_addr);
-
   ncfsm_comm_opts o;
   CHECK(ncfsm_comm_opts_init(&o));
   o.name = "completion_timing";
@@ -147,11 +143,18 @@ int main(int argc, char **argv) {
   ncfsm_comm *comm[MAXR];
   int nranks, nlocal, rank0 = 0;
   CHECK(ncfsm_loop_new(NULL, &loop));
-  if (mpi) {
-    if (ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &boot) != NCFSM_OK) {
-      fprintf(stderr, "bootstrap: %s\n", ncfsm_boot_open_error());
+  /* One rank per process, or one process for every rank (--ranks, or alone): the
+   * bootstrap's settings decide (NCFSM_BOOTSTRAP, docs/settings.md; examples/launch.h). */
+  int mpi = 0;
+  if (!ranks_opt) {
+    ncfsm_boot_opts bo;
+    ncfsm_boot_opts_init(&bo);
+    if ((mpi = ex_launch(ncfsm_loop_base(loop), &bo, &boot, "03_completion_timing")) < 0) {
+      ncfsm_loop_close(loop);
       return 1;
     }
+  }
+  if (mpi) {
     nranks = ncfsm_boot_size(boot);
     rank0 = ncfsm_boot_rank(boot);
     nlocal = 1;

@@ -59,6 +59,7 @@
 
 #include "ncfsm.h"
 #include "ncfsm/bootstrap.h"
+#include "launch.h"
 
 enum kind { K_ORDERED, K_OP, K_SIZE, K_DTYPE, K_ROOT, K_REDOP, K_SKIP, K_P2P_COUNT, K_P2P_SKIP, K_FAIL };
 static const char *const kind_names[] = {"ordered", "op",   "size",      "dtype",    "root",
@@ -275,15 +276,15 @@ static int run_case(const mcase *mc, const char *out, uint64_t deadline_ms, uint
   }
   if (!have) die("no backend: %s", bi.why);
   ncfsm_boot_opts bo;
-  ncfsm_boot_opts_init(&bo); /* NCFSM_STORE_ADDR, NCFSM_RANK, ...: docs/settings.md */
-  if (!getenv("PMIX_RANK") && !bo.store_addr)
-    die("a case runs one rank per process: launch it with mpirun, or set NCFSM_STORE_ADDR, NCFSM_RANK and "
-        "NCFSM_WORLD_SIZE");
-
+  ncfsm_boot_opts_init(&bo); /* NCFSM_BOOTSTRAP, NCFSM_STORE_ADDR, NCFSM_RANK, ...: docs/settings.md */
   ncfsm_loop *loop;
   CHECK(ncfsm_loop_new(NULL, &loop));
   ncfsm_boot *boot;
-  if (ncfsm_boot_open(ncfsm_loop_base(loop), &bo, &boot) != NCFSM_OK) die("bootstrap: %s", ncfsm_boot_open_error());
+  int launched = ex_launch(ncfsm_loop_base(loop), &bo, &boot, "failure_matrix");
+  if (launched < 0) exit(1);
+  if (!launched)
+    die("a case runs one rank per process: launch it with mpirun (or srun --mpi=pmix), or set NCFSM_STORE_ADDR, "
+        "NCFSM_RANK and NCFSM_WORLD_SIZE");
   int rank = ncfsm_boot_rank(boot), nranks = ncfsm_boot_size(boot);
   if (nranks < 2) die("a case needs at least 2 ranks (got %d)", nranks);
   if (bi.kind == NCFSM_BACKEND_NCCL && ncfsm_boot_local_rank(boot) >= bi.device_count)

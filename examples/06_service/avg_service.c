@@ -26,6 +26,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "launch.h"
 #include "ncfsm/bootstrap.h"
 #include "ncfsm/http.h"
 
@@ -483,12 +484,14 @@ int avg_start(struct event_base *base, const avg_opts *o, avg_service **out) {
   }
   ncfsm_result_t r = o->naive ? ncfsm_loop_new(NULL, &s->loop) : ncfsm_loop_new_embedded(base, NULL, &s->loop);
   if (r != NCFSM_OK) { fprintf(stderr, "06_service: ncfsm loop: %s\n", ncfsm_err_name(r)); return -1; }
-  /* One rank per process: PMIx under mpirun, the TCP store with
-   * NCFSM_STORE_ADDR; alone otherwise. The bootstrap lives on the ncfsm
-   * loop's base (the application's, unless naive). */
+  /* One rank per process (PMIx under mpirun or srun --mpi=pmix, the TCP store
+   * with NCFSM_STORE_ADDR) or alone: the bootstrap's settings decide
+   * (NCFSM_BOOTSTRAP, docs/settings.md; examples/launch.h). The bootstrap lives
+   * on the ncfsm loop's base (the application's, unless naive). */
   ncfsm_boot_opts bo;
-  ncfsm_boot_opts_init(&bo); /* NCFSM_STORE_ADDR, NCFSM_RANK, ...: docs/settings.md */
-  int launched = getenv("PMIX_RANK") || bo.store_addr;
+  ncfsm_boot_opts_init(&bo);
+  int launched = ex_launch(ncfsm_loop_base(s->loop), &bo, &s->boot, "06_service");
+  if (launched < 0) return -1;
   ncfsm_comm_opts co;
   if (ncfsm_comm_opts_init(&co) != NCFSM_OK) {
     fprintf(stderr, "06_service: %s\n", ncfsm_opts_error());
@@ -510,10 +513,6 @@ int avg_start(struct event_base *base, const avg_opts *o, avg_service **out) {
   so.async_error_at_op = o->sim_async_error_at;
   co.sim = &so;
   if (launched) {
-    if (ncfsm_boot_open(ncfsm_loop_base(s->loop), &bo, &s->boot) != NCFSM_OK) {
-      fprintf(stderr, "06_service: bootstrap: %s\n", ncfsm_boot_open_error());
-      return -1;
-    }
     s->rank = ncfsm_boot_rank(s->boot);
     s->size = ncfsm_boot_size(s->boot);
     co.device = ncfsm_boot_local_rank(s->boot);

@@ -41,8 +41,10 @@ void avg_opts_init(avg_opts *o);
 
 typedef struct avg_service avg_service;
 
-/* Opens the bootstrap (kind AUTO: PMIx under mpirun, the TCP store with
- * NCFSM_STORE_ADDR, else a single rank), creates the loop (embedded in base,
+/* Opens the bootstrap as the settings say (NCFSM_BOOTSTRAP=auto: PMIx under
+ * mpirun or srun --mpi=pmix, the TCP store with NCFSM_STORE_ADDR, else a single
+ * rank; several tasks that find neither, or NCFSM_WORLD_SIZE above 1 without
+ * either, are refused: examples/launch.h), creates the loop (embedded in base,
  * or with its own base when naive), starts the comm's init and the HTTP
  * server. Returns 0, or -1 with a message on stderr. */
 int avg_start(struct event_base *base, const avg_opts *o, avg_service **out);

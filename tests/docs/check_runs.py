@@ -41,7 +41,7 @@ there is none, 2 on a usage error):
               With --examples DIR: every folder of DIR has its README.md
               among the pages, with a run and an output block.
   --run ID    run ID (of every page that has it) and compare its output
-              blocks; needs --build.
+              blocks; needs --build; an ID no page has is a finding.
   --update    write the current region into every code block and, for the
               runs of --run, the output into every output block, instead of
               comparing (order=rank sorted); read the diff before committing.
@@ -246,6 +246,7 @@ def check_page(args, rel, findings, edits):
     for r in args.run:
         if r not in runs:
             continue
+        args.runs_seen.add(r)
         b = runs[r]
         env = {k: v for k, v in os.environ.items() if not k.startswith("NCFSM_")}
         rc, out, err = run_command(args.root, args.build, b, env)
@@ -310,6 +311,7 @@ def main():
         page, _, ids = part.partition("=")
         args.runs_of.setdefault(page, set()).update(filter(None, ids.split(",")))
     findings, pages = [], {}
+    args.runs_seen = set()
     for rel in args.pages:
         if not os.path.isfile(os.path.join(args.root, rel)):
             findings.append("%s: no such page" % rel)
@@ -325,6 +327,9 @@ def main():
             print("%s: %d block(s) written" % (rel, len(edits)))
     if args.examples and args.static:
         check_examples(args, pages, findings)
+    for r in args.run:
+        if r not in args.runs_seen:
+            findings.append("--run %s: no run of that ID on %s (renamed or removed?)" % (r, ", ".join(args.pages)))
     for f in findings:
         print(f)
     if findings:

@@ -168,9 +168,10 @@ def main():
             "page.md: CTest runs stale, which is not a run of this page",
             "examples/one/README.md: every example needs a README.md",
             "examples/two/README.md: every example needs a README.md",
+            "--run gone: no run of that ID on page.md",
         ]
         rc, out = run(checker, tmp, "--static", "--runs", "page.md=hello,two,stale", "--examples", "examples",
-                      "page.md", "--build", tmp, "--run", "hello", "--run", "two")
+                      "page.md", "--build", tmp, "--run", "hello", "--run", "two", "--run", "gone")
         if rc != 1:
             failures.append("planted tree: exit %d, not 1" % rc)
         for e in expected:

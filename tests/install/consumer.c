@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 int main(void) {
+  ncfsm_set_log_level(NCFSM_LOG_WARN); /* the public log levels */
   ncfsm_loop *loop;
   if (ncfsm_loop_new(NULL, &loop) != NCFSM_OK) return 1;
   ncfsm_comm *c[2];

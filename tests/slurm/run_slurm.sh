@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_slurm.sh BUILD OUTDIR
 #
-# Slurm in CI (issue 24, item 1): a one-node Slurm of its own (munged,
+# Slurm in CI: a one-node Slurm of its own (munged,
 # slurmctld, slurmd, all as root, in OUTDIR/state with its own key, socket,
 # ports and logs; nothing of the machine's /etc/slurm or /run/munge), then,
 # through `srun --mpi=pmix` (Slurm's mpi_pmix_v4 plugin, the PMIx ncfsm links):
@@ -15,6 +15,10 @@
 #   5. the service (examples/06_service), 2 tasks: both answer /healthz, a
 #      vector posted to rank 0 shows in rank 1's /average, and
 #      `scancel --signal=TERM` stops both with exit 0.
+#   6. the tutorial's srun block (docs/tutorial.md, run `srun`), through
+#      tests/docs/check_runs.py: it prints the page's output block;
+#   7. the demo under srun --mpi=none, 2 tasks: each refuses to run alone
+#      (SLURM_NTASKS=2 and no PMIx), exit non-zero, no PASS.
 # Every daemon is stopped by its pid at the end; the state folder (in /tmp, for
 # the unix sockets' length) is removed, its logs kept in OUTDIR/state. Exit 77 (skipped, with the
 # reason) where Slurm or munge is not installed or the cluster does not come up.
@@ -178,6 +182,20 @@ for _ in $(seq 300); do kill -0 $srun_pid 2>/dev/null || { wait $srun_pid; rc=$?
 [ $rc -eq 124 ] && { kill -KILL $srun_pid; scancel "$job"; }
 [ "$h0" = 200 ] && [ "$h1" = 200 ] && [ "$post" = 202 ] && echo "$avg" | grep -q '4' && [ $rc -eq 0 ]
 check "service: srun -n 2: /healthz $h0 $h1, POST /submit $post, rank 1's /average $avg, scancel --signal=TERM: exit $rc" $?
+
+# 6. the tutorial's srun block (docs/tutorial.md, run srun): what it prints is the page's block
+python3 "$root/tests/docs/check_runs.py" --root "$root" --build "$build" --run srun docs/tutorial.md \
+  >"$out/tutorial.txt" 2>&1
+check "tutorial: its block 'srun --mpi=pmix -n 2 build/tutorial/ranks' prints the page's output" $?
+
+# 7. without --mpi=pmix the tasks have no way to meet: each stops with the reason, none runs alone
+timeout -k 5 60 srun --mpi=none -n 2 --overcommit "$build/examples/02_group_semantics" --count 1024 \
+  >"$out/nopmix.txt" 2>&1
+rc=$?
+n1=$(grep -c '^02_group_semantics: bootstrap: launched as 2 tasks (SLURM_NTASKS=2)' "$out/nopmix.txt")
+n2=$(grep -c 'PASS' "$out/nopmix.txt")
+[ $rc -ne 0 ] && [ "$n1" -eq 2 ] && [ "$n2" -eq 0 ]
+check "demo: srun --mpi=none -n 2: both tasks refuse ($n1 of 2 name SLURM_NTASKS=2), no PASS ($n2), exit $rc" $?
 
 [ $fail -eq 0 ] && echo "slurm: PASS" || { echo "slurm: FAIL (logs in $out)"; tail -5 "$st/slurmctld.log" "$st/slurmd.log"; }
 exit $fail

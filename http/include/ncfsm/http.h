@@ -1,7 +1,8 @@
 /*
  * ncfsm_http: /status, /metrics and /healthz of an ncfsm loop over HTTP, on
- * libevent's evhttp, served from the application's own event_base (issue
- * 16). An optional library: link ncfsm_http (pkg-config ncfsm_http).
+ * libevent's evhttp, served from the application's own event_base. An
+ * optional library: link ncfsm_http (CMake: find_package(ncfsm), target
+ * ncfsm::http; pkg-config ncfsm_http).
  *
  *   GET /status   the loop's snapshot as JSON (ncfsm_loop_status; ?tail=N sets
  *                 the recorder entries per comm, 0..1024), application/json
