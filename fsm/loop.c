@@ -423,8 +423,9 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
     if (c->state != NCFSM_STATE_RELEASED && !(c->rops && c->rops->owned(c))) open++;
   bool group = ncfsm__group_open(loop);
   if (open || loop->thread_started || group || loop->running) {
-    ncfsm__loop_error(loop, "ncfsm_loop_close: %d communicator(s) not released%s%s%s; abort/destroy and "
-                            "ncfsm_comm_release them first",
+    ncfsm__loop_error(loop, "ncfsm_loop_close: %d communicator(s) not released%s%s%s; close them first "
+                            "(ncfsm_comm_close each, or ncfsm_loop_shutdown for all; or destroy/abort and "
+                            "ncfsm_comm_release), run the loop until they are released, then close it",
                       open, loop->thread_started ? ", loop thread still running" : "", group ? ", a group is open" : "",
                       loop->running ? ", another thread is running the loop" : "");
     pthread_mutex_unlock(&loop->mu);

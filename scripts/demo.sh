@@ -45,7 +45,7 @@ if [ "$mode" = mpirun ]; then
   if [ "$(id -u)" = 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   fi
-  exec mpirun --oversubscribe -np "$np" -x NCFSM_BACKEND -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH "$EX"
+  exec mpirun --oversubscribe -np "$np" -x NCFSM_BACKEND -x NCCL_NVLS_ENABLE ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} "$EX"
 else
   echo "== $EX --ranks $np   [$what; one thread drives all ranks]"
   exec "$EX" --ranks "$np"
