@@ -33,7 +33,7 @@ import fnmatch
 # Pages about the internals (design, benchmarks), and ordering.md, whose
 # recorder section describes the internal recorder API (ncfsm__rec_*) and
 # which still names its issue (its owner's to rewrite).
-INTERNAL_PAGES = {"docs/design.md", "docs/benchmarks.md", "docs/ordering.md"}
+INTERNAL_PAGES = {"docs/design.md", "docs/benchmarks.md"}
 USER_PAGES = ("README.md", "docs/*.md", "docs/reference/*.md", "examples/*/README.md", "include/ncfsm.h",
               "include/ncfsm/*.h", "http/include/ncfsm/*.h")
 INTERNAL_NAME = re.compile(r"\bncfsm__\w+")
