@@ -38,7 +38,7 @@ struct ncfsm__recovery {
   int nexcluded;
   ncfsm_comm *fresh;
   const char *how;
-  uint64_t t_fail, t_agreed;
+  uint64_t t_fail, t_agreed, t_launch_wait;
   char why[384];
   char fresh_err[320];  /* why the last new comm could not be made */
   struct ncfsm__recovery *next; /* loop->recoveries */
@@ -101,6 +101,22 @@ static const char *old_closed(struct ncfsm__recovery *r, const ncfsm_comm *old) 
   return r->fresh_err;
 }
 
+/* The old comm's NCCL async state is still ncclInProgress (it failed while a launch of it was
+ * not final, e.g. told of a peer's failure first): NCCL refuses a shrink of it then, with
+ * NCCL_SHRINK_ABORT too (R2), and the survivors would vote for a shrink that fails on this rank.
+ * Polled for at most LAUNCH_WAIT_NS after the agreement; past that the shrink is tried anyway
+ * (refused, the survivors re-initialise). */
+#define LAUNCH_WAIT_NS 2000000000ull
+static bool launch_pending(struct ncfsm__recovery *r) {
+  ncfsm_comm *old = r->old;
+  if (!old || !old->bcomm || !old->be->get_async_error) return false;
+  if (!r->t_launch_wait) r->t_launch_wait = ncfsm__now_ns();
+  else if (ncfsm__now_ns() - r->t_launch_wait > LAUNCH_WAIT_NS) return false;
+  int st = NCFSM__NCCL_SUCCESS;
+  int rc = old->be->get_async_error(old->bcomm, &st);
+  return !NCFSM__IS_ERR(rc) && st == NCFSM__NCCL_IN_PROGRESS;
+}
+
 static void step(void *arg) {
   struct ncfsm__recovery *r = arg;
   ncfsm_loop *loop = r->loop;
@@ -124,6 +140,10 @@ static void step(void *arg) {
         }
         ncfsm_result_t t = ncfsm_boot_test(r->agree);
         if (t == NCFSM_ERR_AGAIN || os == NCFSM_STATE_REVOKING) break;
+        if (t == NCFSM_OK && launch_pending(r)) { /* the shrink waits for it (R2), a turn at a time */
+          schedule(r);
+          break;
+        }
         if (t != NCFSM_OK) fire(r, NCFSM__RE_STEP_FAILED, "the survivors' agreement failed");
         else fire(r, NCFSM__RE_AGREED, NULL);
         break;

@@ -134,7 +134,9 @@ static void test_embedded_soon(void **state) {
   assert_int_equal(tstate(loop), NCFSM__TS_SOON);
   ncfsm_work *w1 = op(c[1], 1);
   assert_int_equal(ncfsm_loop_run(loop, NCFSM_RUN_NOWAIT), NCFSM_OK); /* a direct turn while SOON: progress */
-  assert_int_equal(tstate(loop), NCFSM__TS_SOON);
+  /* SOON, or IDLE when the call's libevent pass (at least every poll_max_us: a polled loop's
+   * sockets) fired the zero timer already */
+  assert_true(tstate(loop) == NCFSM__TS_SOON || tstate(loop) == NCFSM__TS_IDLE);
   for (int i = 0; i < 1000 && (ncfsm_work_state(w0) != NCFSM_WORK_COMPLETED || ncfsm_work_state(w1) != NCFSM_WORK_COMPLETED);
        i++)
     event_base_loop(base, EVLOOP_ONCE); /* the application's loop: the zero timer fires */
