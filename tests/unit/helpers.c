@@ -162,3 +162,15 @@ int test_run_tcp_ranks(int n, const char *token, int (*rank_main)(int rank, void
   }
   return failed;
 }
+
+void test_stuck_opts(ncfsm_sim_opts *so, ncfsm_comm_opts *o, ncfsm_sim_opts *so1, ncfsm_comm_opts *o1,
+                     uint64_t timeout_ms) {
+  test_sim_opts(so);
+  test_comm_opts(o, so);
+  o->timeout_ms = timeout_ms;
+  o->on_error = NCFSM_ON_ERROR_STAY;
+  *so1 = *so;
+  so1->never_arrive = 1;
+  *o1 = *o;
+  o1->sim = so1;
+}

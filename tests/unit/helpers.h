@@ -23,6 +23,10 @@ void trace_record(const ncfsm_trace_rec *r, void *arg);
 
 void test_sim_opts(ncfsm_sim_opts *so);
 void test_comm_opts(ncfsm_comm_opts *o, ncfsm_sim_opts *so);
+/* A watchdog case: o (error policy STAY, watchdog timeout_ms) over so, and o1 the same over so1,
+ * whose rank never arrives at its collectives (sim never_arrive). */
+void test_stuck_opts(ncfsm_sim_opts *so, ncfsm_comm_opts *o, ncfsm_sim_opts *so1, ncfsm_comm_opts *o1,
+                     uint64_t timeout_ms);
 /* nranks comms of one clique on loop; every rank is initialised unless only_rank0. */
 void make_comms(ncfsm_loop *loop, int n, ncfsm_comm_opts *o, ncfsm_comm **c, int only_rank0);
 void run_turns(ncfsm_loop *loop, int n);

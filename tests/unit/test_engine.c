@@ -246,14 +246,7 @@ static void test_watchdog_timeout(void **state) {
   assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
   ncfsm_sim_opts so, so1;
   ncfsm_comm_opts o, o1;
-  test_sim_opts(&so);
-  test_comm_opts(&o, &so);
-  o.timeout_ms = 50;
-  o.on_error = NCFSM_ON_ERROR_STAY;
-  so1 = so;
-  so1.never_arrive = 1;
-  o1 = o;
-  o1.sim = &so1;
+  test_stuck_opts(&so, &o, &so1, &o1, 50);
   ncfsm_unique_id id;
   assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &id), NCFSM_OK);
   ncfsm_comm *c[2];

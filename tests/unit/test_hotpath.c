@@ -106,14 +106,7 @@ static void test_watchdog_among_512(void **state) {
   assert_int_equal(ncfsm_loop_new(NULL, &loop), NCFSM_OK);
   ncfsm_sim_opts so, so1;
   ncfsm_comm_opts o, o1;
-  test_sim_opts(&so);
-  test_comm_opts(&o, &so);
-  o.timeout_ms = 200;
-  o.on_error = NCFSM_ON_ERROR_STAY;
-  so1 = so;
-  so1.never_arrive = 1;
-  o1 = o;
-  o1.sim = &so1;
+  test_stuck_opts(&so, &o, &so1, &o1, 200);
   ncfsm_comm **c = calloc(N, sizeof *c);
   assert_non_null(c);
   ncfsm_unique_id pair;
