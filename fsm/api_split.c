@@ -212,7 +212,7 @@ static void do_split(void *arg) {
    * over a bootstrap, else in memory with its ranks in this process (every rank of a split takes
    * part, a rank of no color too: the colors are exchanged) */
   if (q->kind != K_GROW && p && ncfsm__protocols.attach_child)
-    ncfsm__protocols.attach_child(p, c, q->kind, q->color, q->key, q->exclude, q->nexclude);
+    ncfsm__protocols.attach_child(p, c, q->color, q->key, q->kind == K_SHRINK ? q->exclude : NULL, q->nexclude);
   else if (c && c->opts.verify == NCFSM_VERIFY_ASYNC && !c->vops && ncfsm__protocols.attach_verify &&
            ncfsm__protocols.attach_verify(c, NULL) != NCFSM_OK)
     NCFSM_WARN(NCFSM__SUB_FSM, "[%s] out of memory: this child runs unverified", c->name);

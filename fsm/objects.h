@@ -164,9 +164,8 @@ typedef struct ncfsm__verify_ops {
 typedef struct ncfsm__protocols {
   /* verification of c: over boot, or (NULL) in memory with its ranks in this process */
   ncfsm_result_t (*attach_verify)(ncfsm_comm *c, struct ncfsm_boot *boot);
-  /* at a split or shrink of p (child NULL: a rank of no color): the child's verification */
-  void (*attach_child)(ncfsm_comm *p, ncfsm_comm *child, int kind, int color, int key, const int *exclude,
-                       int nexclude);
+  /* at a split (exclude NULL) or shrink of p (child NULL: a rank of no color): the child's verification */
+  void (*attach_child)(ncfsm_comm *p, ncfsm_comm *child, int color, int key, const int *exclude, int nexclude);
 } ncfsm__protocols_t;
 extern ncfsm__protocols_t ncfsm__protocols;
 

@@ -10,8 +10,7 @@
 /* The exchanges in flight (the in-process registration stays: a failure
  * still reaches the other ranks). */
 static void drop(struct ncfsm__verifier *v) {
-  v->c->verify_waits = false;
-  ncfsm__vchan_waits(v, false);
+  v->c->verify_waits = false; /* the stall timer fires once more at most (ncfsm__vchan_waits) */
   ncfsm__vasync_free(v);
   ncfsm__vpairs_drop(v);
   ncfsm__vstrict_free(v);
@@ -316,9 +315,6 @@ ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
 
 /* ---- children ------------------------------------------------------------------------------ */
 
-/* The kinds of fsm/api_split.c's calls. */
-enum { CHILD_SPLIT = 0, CHILD_SHRINK = 1 };
-
 void ncfsm__verify_members(ncfsm_comm *child, const int *members, int n, const char *what) {
   struct ncfsm__verifier *v = child->ver;
   if (!v || !v->members_pending) return;
@@ -333,12 +329,13 @@ void ncfsm__verify_members(ncfsm_comm *child, const int *members, int n, const c
   ncfsm__verify_fire(v, NCFSM__VE_NO_CHANNEL, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
 }
 
-void ncfsm__verify_attach_child(ncfsm_comm *p, ncfsm_comm *child, int kind, int color, int key, const int *exclude,
+void ncfsm__verify_attach_child(ncfsm_comm *p, ncfsm_comm *child, int color, int key, const int *exclude,
                                 int nexclude) {
   struct ncfsm__verifier *pv = p->ver;
   bool async = child && child->opts.verify == NCFSM_VERIFY_ASYNC && !child->vops;
-  bool channel = pv && pv->parent && !pv->local && p->opts.verify == NCFSM_VERIFY_ASYNC &&
-                 (pv->state == NCFSM__VS_RUNNING || pv->state == NCFSM__VS_WAITING);
+  /* the parent's windows are still queued in these states (on_launched), so is its split's entry */
+  bool channel = pv && pv->parent && !pv->local && p->opts.verify == NCFSM_VERIFY_ASYNC && polled(pv) &&
+                 pv->state != NCFSM__VS_BROKEN;
   if (!channel) { /* its ranks in this process compare in memory */
     if (async && ncfsm__verify_attach(child, NULL) != NCFSM_OK)
       NCFSM_WARN(NCFSM__SUB_FSM, "[%s] out of memory: this child runs unverified", child->name);
@@ -349,7 +346,7 @@ void ncfsm__verify_attach_child(ncfsm_comm *p, ncfsm_comm *child, int kind, int 
     async = false;
   }
   struct ncfsm__verifier *cv = async ? child->ver : NULL;
-  if (kind == CHILD_SHRINK) { /* the ranks that stay, in order: known here */
+  if (exclude) { /* a shrink: the ranks that stay, in order, known here */
     if (!cv) return;
     cv->members_pending = true;
     int n = 0, *m = malloc((size_t)p->nranks * sizeof *m);

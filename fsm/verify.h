@@ -89,8 +89,8 @@ void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncf
 
 /* A child made from a comm verified over a channel (fsm/api_split.c through
  * ncfsm__protocols.attach_child): see fsm/verify.c. */
-void ncfsm__verify_attach_child(ncfsm_comm *p, ncfsm_comm *child, int kind, int color, int key, const int *exclude,
-                                int nexclude);
+void ncfsm__verify_attach_child(ncfsm_comm *p, ncfsm_comm *child, int color, int key, const int *exclude,
+                                int nexclude); /* exclude NULL: a split (color, key); else a shrink */
 /* The child's members (bootstrap ranks, in child rank order; NULL: they could not be learnt, the
  * child runs unverified, why in what). */
 void ncfsm__verify_members(ncfsm_comm *child, const int *members, int n, const char *what);
