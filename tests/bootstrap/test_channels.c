@@ -368,11 +368,14 @@ static void test_wire_versions(void **state) {
   store_thread st;
   store_start(&st, 0);
   int fd = raw_connect(st.port);
-  uint8_t hdr[NCFSM__FRAME_HDR], v[8] = {0};
-  ncfsm__frame_header_v(hdr, 1, NCFSM__F_HELLO, 0, (uint32_t)strlen(TOKEN), 8);
-  raw_send(fd, hdr, sizeof hdr);
-  raw_send(fd, TOKEN, strlen(TOKEN));
-  raw_send(fd, v, sizeof v);
+  /* One send: the store refuses on the header alone and closes, so a frame sent in pieces
+   * could meet the closed socket (EPIPE) before its last piece. */
+  uint8_t hello[NCFSM__FRAME_HDR + 64 + 8] = {0};
+  size_t tl = strlen(TOKEN);
+  assert_true(tl <= 64);
+  ncfsm__frame_header_v(hello, 1, NCFSM__F_HELLO, 0, (uint32_t)tl, 8);
+  memcpy(hello + NCFSM__FRAME_HDR, TOKEN, tl);
+  raw_send(fd, hello, NCFSM__FRAME_HDR + tl + 8);
   uint8_t got[NCFSM__FRAME_HDR + 400];
   read_full(fd, got, NCFSM__FRAME_HDR);
   assert_int_equal(1, got[4]); /* a frame the old client can read */
