@@ -69,6 +69,10 @@ bool ncfsm__verify_describe(const ncfsm_fingerprint_t *fps, int n, char *out, si
  * and type agree; else true with the report in out. */
 bool ncfsm__verify_describe_pair(uint64_t seq, int src, int dst, uint64_t scount, int32_t sdtype, uint64_t rcount,
                                  int32_t rdtype, char *out, size_t len);
+/* A peer's failure as this rank tells it: the origin, how far it had come (next_seq: the
+ * seq its next collective would have taken), its cause and its own words. */
+void ncfsm__verify_describe_peer(int origin, uint64_t next_seq, ncfsm_result_t cause, const char *what, char *out,
+                                 size_t len);
 
 /* ---- verify_local.c ---- */
 ncfsm_result_t ncfsm__vlocal_new(struct ncfsm__verifier *v);

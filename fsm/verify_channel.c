@@ -365,8 +365,7 @@ bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len) {
     post(v, &a);
   }
   if (!failed) return false;
-  snprintf(what, len, "rank %d's comm failed first, at its seq %" PRIu64 " (%s): %.380s", f.origin, f.seq,
-           ncfsm_err_name((ncfsm_result_t)f.cause), f.what);
+  ncfsm__verify_describe_peer(f.origin, f.seq, (ncfsm_result_t)f.cause, f.what, what, len);
   return true;
 }
 

@@ -5,7 +5,7 @@
  * clique (one comm id) register in a process-wide registry, and each rank
  * publishes the fingerprint of every collective it launches in a ring of
  * its own (single writer; words written with relaxed atomics, then its
- * next seq with release). Any rank can then compare every seq that all
+ * next seq, seq_cst). Any rank can then compare every seq that all
  * ranks launched, field by field, and name the first that differs with
  * each rank's value; and when a collective of its own waits longer than
  * verify_stall_ms, name the ranks that never launched it and the last seq
@@ -53,7 +53,7 @@ typedef struct lclique {
   /* the first failure of one of its ranks' comms */
   bool failed;
   int origin;
-  uint64_t fseq;
+  uint64_t fseq; /* the seq its next collective would have taken */
   ncfsm_result_t fcause;
   char fwhat[400];
   struct lclique *next;
@@ -64,6 +64,10 @@ struct ncfsm__lv {
   uint64_t *p2p_checked; /* [2 * nranks]: per pair of this rank (its sends to p, its receives from p) */
   bool p2p_dirty;    /* a send or receive of it is not compared yet */
   int rank;
+  lmember *me;       /* its member of q */
+  int nothers;       /* the clique's other ranks, for the launch hook: */
+  lmember **others;  /* [nothers] (NULL: out of memory, or 1 rank) */
+  bool full;         /* every rank registered once (nreg never goes down) */
   uint64_t checked;  /* the clique's divergence, once seen: the seq that differs */
   uint64_t t_start;
   bool stall_due;    /* the watchdog saw a launch of it older than the stall bound */
@@ -77,7 +81,6 @@ static lclique *lhead;
 /* Attention bits of a member, set by any rank, cleared by its own poll. */
 #define ATT_INBOX 1u    /* a peer's failure */
 #define ATT_DIVERGED 2u /* the clique found a seq that differs */
-#define ATT_DUE 4u      /* seqs of its own are not compared yet */
 #define ATT_OWN 8u      /* its own: a send/recv to compare, a stall to look at, a divergence to fail on */
 
 static bool compare(struct ncfsm__verifier *v, char *what, size_t len);
@@ -130,6 +133,10 @@ static void reg(struct ncfsm__verifier *v) {
   c->verify_att = &q->m[c->rank].att; /* the engine's busy test reads it inline */
   attend(&q->m[c->rank], ATT_OWN);    /* its first turn in service starts it */
   lv->p2p_checked = calloc(2 * (size_t)c->nranks, sizeof *lv->p2p_checked); /* NULL: sends and receives unchecked */
+  lv->me = &q->m[c->rank];
+  if ((lv->others = malloc((size_t)(c->nranks - 1) * sizeof *lv->others)))
+    for (int r = 0; r < c->nranks; r++)
+      if (r != c->rank) lv->others[lv->nothers++] = &q->m[r];
   if (q->failed) { /* a peer failed before this rank registered */
     atomic_store(&q->m[c->rank].inbox, 1);
     attend(&q->m[c->rank], ATT_INBOX);
@@ -161,23 +168,34 @@ static void unreg(struct ncfsm__lv *lv) {
   lv->q = NULL;
   free(lv->p2p_checked);
   lv->p2p_checked = NULL;
+  free(lv->others);
+  lv->others = NULL;
+  lv->nothers = 0;
+  lv->full = false;
 }
 
 /* ---- publishing and reading fingerprints -------------------------------------------------- */
 
 static bool is_p2p(const ncfsm_fingerprint_t *f) { return f->op == NCFSM_KIND_SEND || f->op == NCFSM_KIND_RECV; }
 
-static void put_words(uint64_t *slot, const ncfsm_fingerprint_t *f) {
-  uint64_t words[FPW];
-  memcpy(words, f, sizeof words);
-  for (size_t i = 0; i < FPW; i++) __atomic_store_n(&slot[i], words[i], __ATOMIC_RELAXED);
+/* Five relaxed stores, written out: a loop of atomic stores is not unrolled,
+ * and this is on every launch. */
+_Static_assert(FPW == 5, "put_words writes a fingerprint of five words");
+static inline __attribute__((always_inline)) void put_words(uint64_t *slot, const ncfsm_fingerprint_t *f) {
+  uint64_t w[FPW];
+  memcpy(w, f, sizeof w);
+  __atomic_store_n(&slot[0], w[0], __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[1], w[1], __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[2], w[2], __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[3], w[3], __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[4], w[4], __ATOMIC_RELAXED);
 }
 
 void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
   struct ncfsm__lv *lv = v->local;
   if (!lv->q) reg(v);
   if (!lv->q) return;
-  lmember *me = &lv->q->m[lv->rank];
+  lmember *me = lv->me;
   if (is_p2p(&w->fp)) {
     int k = 2 * w->fp.peer + (w->fp.op == NCFSM_KIND_RECV);
     pring *pr = atomic_load_explicit(&me->p2p[k], memory_order_acquire);
@@ -191,24 +209,39 @@ void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
     attend(me, ATT_OWN);
     return;
   }
-  uint64_t *slot = me->ring[w->fp.seq % LRING];
+  uint64_t sq = w->fp.seq, h = v->c->hash, *slot = me->ring[sq % LRING];
   put_words(slot, &w->fp);
-  __atomic_store_n(&slot[FPW], v->c->hash, __ATOMIC_RELAXED); /* the comm's rolling hash, this one folded in */
-  atomic_store_explicit(&me->next_seq, w->fp.seq + 1, memory_order_release);
-  /* the rank whose launch completes a seq on every rank compares it now:
-   * no loop turn is needed for a clique that agrees */
+  __atomic_store_n(&slot[FPW], h, __ATOMIC_RELAXED); /* the comm's rolling hash, this one folded in */
+  /* seq_cst, as the loads of the others' below: of ranks that launch seq sq
+   * at once on several threads, the last in that order sees every other's,
+   * so that some rank always completes it (and compares it, here: no loop
+   * turn is needed for a clique that agrees) */
+  atomic_store_explicit(&me->next_seq, sq + 1, memory_order_seq_cst);
+  if (!lv->full) { /* a rank not registered yet has launched nothing: its launch compares */
+    if (__atomic_load_n(&lv->q->nreg, __ATOMIC_ACQUIRE) < lv->q->nranks || !lv->others) return;
+    lv->full = true;
+  }
+  if (lv->diverged) return;
+  /* the common case: each rank's rolling hash at sq is this one's (equal
+   * at sq, equal at every seq before it: R11's hash is XXH3) */
+  bool same = true;
+  for (int i = 0; i < lv->nothers; i++) {
+    lmember *o = lv->others[i];
+    if (atomic_load_explicit(&o->next_seq, memory_order_seq_cst) <= sq) return; /* not launched there: its launch compares */
+    /* acquire: the check that its ring still holds sq comes after the read */
+    same = same && __atomic_load_n(&o->ring[sq % LRING][FPW], __ATOMIC_ACQUIRE) == h &&
+           atomic_load_explicit(&o->next_seq, memory_order_relaxed) <= sq + LRING;
+  }
   lclique *q = lv->q;
-  if (__atomic_load_n(&q->nreg, __ATOMIC_ACQUIRE) < q->nranks || lv->diverged) return;
-  for (int r = 0; r < q->nranks; r++) /* the others have not all launched it: whoever completes it compares */
-    if (atomic_load_explicit(&q->m[r].next_seq, memory_order_acquire) <= w->fp.seq) {
-      if (!(atomic_load_explicit(&me->att, memory_order_relaxed) & ATT_DUE)) attend(me, ATT_DUE);
-      return;
+  if (same) { /* the clique's mark moves on (whoever compared furthest) */
+    uint64_t cur = atomic_load_explicit(&q->checked, memory_order_relaxed);
+    while (cur <= sq && !atomic_compare_exchange_weak(&q->checked, &cur, sq + 1)) {
     }
-  if (compare(v, lv->report, sizeof lv->report)) {
+    return;
+  }
+  if (compare(v, lv->report, sizeof lv->report)) { /* the first seq that differs, field by field */
     lv->diverged = true; /* its next turn fails the comm (never inside a launch) */
     attend(me, ATT_OWN);
-  } else if (atomic_load_explicit(&lv->q->checked, memory_order_acquire) <= w->fp.seq) {
-    attend(me, ATT_DUE); /* the others have not launched it yet: whoever completes it compares it */
   }
 }
 
@@ -276,10 +309,6 @@ static bool compare(struct ncfsm__verifier *v, char *what, size_t len) {
     uint64_t cur = lo;
     while (cur < s && !atomic_compare_exchange_weak(&q->checked, &cur, s)) {
     }
-    for (int r = 0; r < q->nranks; r++) /* ranks all of whose seqs are compared need not look */
-      if ((atomic_load_explicit(&q->m[r].att, memory_order_relaxed) & ATT_DUE) &&
-          atomic_load_explicit(&q->m[r].next_seq, memory_order_acquire) <= s)
-        atomic_fetch_and_explicit(&q->m[r].att, ~ATT_DUE, memory_order_relaxed);
     return false;
   }
   pthread_mutex_lock(&lmu);
@@ -461,8 +490,7 @@ bool ncfsm__vlocal_take_failure(struct ncfsm__verifier *v, char *what, size_t le
     return false;
   atomic_fetch_and(&q->m[lv->rank].att, ~ATT_INBOX);
   pthread_mutex_lock(&lmu);
-  snprintf(what, len, "rank %d's comm failed first, at its seq %" PRIu64 " (%s): %.380s", q->origin, q->fseq,
-           ncfsm_err_name(q->fcause), q->fwhat);
+  ncfsm__verify_describe_peer(q->origin, q->fseq, q->fcause, q->fwhat, what, len);
   pthread_mutex_unlock(&lmu);
   return true;
 }
@@ -477,7 +505,7 @@ bool ncfsm__vlocal_poll(struct ncfsm__verifier *v, uint64_t now) {
   bool stall = lv->stall_due;
   lv->stall_due = false; /* the watchdog says again while it holds */
   lmember *me = &q->m[lv->rank];
-  atomic_fetch_and(&me->att, ~(ATT_DUE | ATT_DIVERGED | ATT_OWN)); /* looked at now; set again below while they hold */
+  atomic_fetch_and(&me->att, ~(ATT_DIVERGED | ATT_OWN)); /* looked at now; set again below while they hold */
   if (nreg < q->nranks) { /* not every rank is here (yet): once a launch waited past the bound, they are not */
     if (!stall) return false;
     NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: %d of %d ranks are in this process and the comm has no "

@@ -83,3 +83,12 @@ bool ncfsm__verify_describe_pair(uint64_t seq, int src, int dst, uint64_t scount
     return false;
   return true;
 }
+
+void ncfsm__verify_describe_peer(int origin, uint64_t next_seq, ncfsm_result_t cause, const char *what, char *out,
+                                 size_t len) {
+  char where[64];
+  if (next_seq) snprintf(where, sizeof where, "with its collectives up to seq %" PRIu64 " launched", next_seq - 1);
+  else snprintf(where, sizeof where, "before its first collective");
+  snprintf(out, len, "rank %d's comm failed first, %s (%s): %.380s", origin, where, ncfsm_err_name(cause),
+           what ? what : "");
+}
