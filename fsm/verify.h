@@ -117,6 +117,11 @@ uint64_t ncfsm__vpairs_next(const struct ncfsm__verifier *v, int peer, bool send
 bool ncfsm__vpairs_with(const struct ncfsm__verifier *v, int peer);
 /* The watchdog saw a launch older than the stall bound: an op of a window not exchanged yet asks its peer. */
 void ncfsm__vpairs_stall_due(struct ncfsm__verifier *v);
+/* A sender's question about its window [lo, hi) that did not fill (hash: of its ops' counts and
+ * types): this rank's verdict on its receives from sender: 's' the same, 'd' they differ (the
+ * window is exchanged now, cut at hi, so that the exchange names the op), 'p' already in an
+ * exchange, 'b' behind (it did not receive as far), 'u' out of step. */
+char ncfsm__vpairs_check(struct ncfsm__verifier *v, int sender, uint64_t lo, uint64_t hi, uint64_t hash);
 
 /* The lists of c's works in flight (at most 65): the launch in progress, then each stream's queue. */
 int ncfsm__verify_inflight(const ncfsm_comm *c, const ncfsm_work **lists);
@@ -133,6 +138,10 @@ void ncfsm__vchan_free(struct ncfsm__verifier *v);
  * rank's sends to it (send) or receives from it; its answer, once there (true, its next seq). */
 void ncfsm__vchan_pair_ask(struct ncfsm__verifier *v, int peer, bool send, uint64_t seq);
 bool ncfsm__vchan_pair_answer(struct ncfsm__verifier *v, int peer, bool send, uint64_t *next);
+/* Ask peer to check this rank's sends to it of seqs [lo, hi) (ncfsm__vpairs_check); its
+ * verdict, once there (true). */
+void ncfsm__vchan_pair_check(struct ncfsm__verifier *v, int peer, uint64_t lo, uint64_t hi, uint64_t hash);
+bool ncfsm__vchan_pair_verdict(struct ncfsm__verifier *v, int peer, uint64_t hi, char *verdict); /* NULL: drop all */
 void ncfsm__vchan_retire(struct ncfsm__verifier *v); /* stopped: close the channel once nothing is left to post */
 bool ncfsm__vchan_open_now(const struct ncfsm__verifier *v);
 bool ncfsm__vchan_busy(const struct ncfsm__verifier *v);

@@ -36,7 +36,9 @@
  * about one direction of a send/recv pair and its answer (fsm/verify_pairs.c): cause is the
  * direction as seen by the poster (0: its sends to the target, 1: its receives from it; +2 in an
  * answer), seq the op's seq (question) or the answerer's next seq that way (answer), what
- * "pair <target rank>". */
+ * "pair <target rank>"; cause 4 asks the target to check the poster's sends to it of seqs
+ * [lo, seq) (what "pair <target> check <lo> <hash>"), cause 5 is its verdict (seq the same,
+ * what "pair <target> verdict <c>"). */
 enum { K_PAIR = 0, K_FAILED = 1, K_ASK = 2, K_ANSWER = 3 };
 #define KEY(c, k) (((c)->comm_id & ~(uint64_t)3) | (k))
 
@@ -73,6 +75,10 @@ struct ncfsm__vchan {
   int npair_q;
   struct { int from, dir; uint64_t next; } pair_a[PAIR_Q];
   int npair_a;
+  struct { int from; uint64_t lo, hi, hash; } pair_c[PAIR_Q]; /* checks to judge */
+  int npair_c;
+  struct { int from; uint64_t hi; char verdict; } pair_v[PAIR_Q]; /* verdicts on this rank's checks */
+  int npair_v;
 };
 
 static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
@@ -89,7 +95,19 @@ static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
   } else if (k == K_PAIR && n->origin >= 0 && n->origin < vc->nranks) {
     int target = -1;
     if (sscanf(n->what, "pair %d", &target) == 1 && target == vc->rank) {
-      if (n->cause < 2 && vc->npair_q < PAIR_Q) {
+      uint64_t lo, hash;
+      char verdict;
+      if (n->cause == 4 && vc->npair_c < PAIR_Q &&
+          sscanf(n->what, "pair %*d check %" SCNu64 " %" SCNx64, &lo, &hash) == 2) {
+        vc->pair_c[vc->npair_c].from = n->origin;
+        vc->pair_c[vc->npair_c].lo = lo;
+        vc->pair_c[vc->npair_c].hi = n->seq;
+        vc->pair_c[vc->npair_c++].hash = hash;
+      } else if (n->cause == 5 && vc->npair_v < PAIR_Q && sscanf(n->what, "pair %*d verdict %c", &verdict) == 1) {
+        vc->pair_v[vc->npair_v].from = n->origin;
+        vc->pair_v[vc->npair_v].hi = n->seq;
+        vc->pair_v[vc->npair_v++].verdict = verdict;
+      } else if (n->cause < 2 && vc->npair_q < PAIR_Q) {
         vc->pair_q[vc->npair_q].from = n->origin;
         vc->pair_q[vc->npair_q++].dir = n->cause;
       } else if (n->cause >= 2 && n->cause < 4 && vc->npair_a < PAIR_Q) {
@@ -302,11 +320,13 @@ static void answer_pairs(struct ncfsm__verifier *v) {
   struct ncfsm__vchan *vc = v->chan;
   if (!(atomic_load_explicit(&vc->att, memory_order_acquire) & IN_PAIR)) return;
   pthread_mutex_lock(&vc->mu);
-  int nq = vc->npair_q;
+  int nq = vc->npair_q, nc = vc->npair_c;
   __typeof__(vc->pair_q[0]) q[PAIR_Q];
+  __typeof__(vc->pair_c[0]) chk[PAIR_Q];
   memcpy(q, vc->pair_q, sizeof q);
-  vc->npair_q = 0;
-  if (!vc->npair_a) atomic_fetch_and(&vc->att, ~IN_PAIR);
+  memcpy(chk, vc->pair_c, sizeof chk);
+  vc->npair_q = vc->npair_c = 0;
+  if (!vc->npair_a && !vc->npair_v) atomic_fetch_and(&vc->att, ~IN_PAIR);
   pthread_mutex_unlock(&vc->mu);
   for (int i = 0; i < nq; i++) {
     ncfsm_boot_notice a = {.key = KEY(v->c, K_PAIR), .seq = ncfsm__vpairs_next(v, q[i].from, q[i].dir == 1),
@@ -314,6 +334,37 @@ static void answer_pairs(struct ncfsm__verifier *v) {
     snprintf(a.what, sizeof a.what, "pair %d", q[i].from);
     post(v, &a);
   }
+  for (int i = 0; i < nc; i++) {
+    ncfsm_boot_notice a = {.key = KEY(v->c, K_PAIR), .seq = chk[i].hi, .cause = 5};
+    snprintf(a.what, sizeof a.what, "pair %d verdict %c", chk[i].from,
+             ncfsm__vpairs_check(v, chk[i].from, chk[i].lo, chk[i].hi, chk[i].hash));
+    post(v, &a);
+  }
+}
+
+void ncfsm__vchan_pair_check(struct ncfsm__verifier *v, int peer, uint64_t lo, uint64_t hi, uint64_t hash) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || !vc->ch) return;
+  ncfsm_boot_notice q = {.key = KEY(v->c, K_PAIR), .seq = hi, .cause = 4};
+  snprintf(q.what, sizeof q.what, "pair %d check %" PRIu64 " %016" PRIx64, peer, lo, hash);
+  post(v, &q);
+}
+
+bool ncfsm__vchan_pair_verdict(struct ncfsm__verifier *v, int peer, uint64_t hi, char *verdict) {
+  struct ncfsm__vchan *vc = v->chan;
+  bool got = false;
+  if (!vc || !(atomic_load_explicit(&vc->att, memory_order_acquire) & IN_PAIR)) return false;
+  pthread_mutex_lock(&vc->mu);
+  if (!verdict) vc->npair_v = 0; /* no check is out: what came is late, or not for this rank's */
+  for (int i = 0; i < vc->npair_v && !got; i++)
+    if (vc->pair_v[i].from == peer && vc->pair_v[i].hi == hi) {
+      *verdict = vc->pair_v[i].verdict;
+      vc->pair_v[i] = vc->pair_v[--vc->npair_v];
+      got = true;
+    }
+  if (!vc->npair_a && !vc->npair_q && !vc->npair_v && !vc->npair_c) atomic_fetch_and(&vc->att, ~IN_PAIR);
+  pthread_mutex_unlock(&vc->mu);
+  return got;
 }
 
 void ncfsm__vchan_pair_ask(struct ncfsm__verifier *v, int peer, bool send, uint64_t seq) {
@@ -335,7 +386,7 @@ bool ncfsm__vchan_pair_answer(struct ncfsm__verifier *v, int peer, bool send, ui
       vc->pair_a[i] = vc->pair_a[--vc->npair_a];
       got = true;
     }
-  if (!vc->npair_a && !vc->npair_q) atomic_fetch_and(&vc->att, ~IN_PAIR);
+  if (!vc->npair_a && !vc->npair_q && !vc->npair_v && !vc->npair_c) atomic_fetch_and(&vc->att, ~IN_PAIR);
   pthread_mutex_unlock(&vc->mu);
   return got;
 }

@@ -3,8 +3,7 @@
  * channel; docs/ordering.md, "Verification"). NCCL pairs the k-th send
  * from rank s to rank d with the k-th receive on d from s, whatever comes
  * between them on either rank; a send's count and type must be its
- * receive's, and NCCL checks neither (a count mismatch hangs or truncates,
- * a type mismatch completes with garbage). So each direction of each pair
+ * receive's, and NCCL checks neither. So each direction of each pair
  * is its own sequence (the fingerprint's seq of a send or receive is its
  * seq in that direction) with its own exchange: a two-member channel of
  * the verifier's channel, "ncfsm.verify.<comm id>.p<s>.<d>", opened at
@@ -19,13 +18,22 @@
  * sending) that waits past verify_stall_ms asks its peer, by a notice on the
  * verifier's channel, how far it is that way: a peer that never posted the
  * matching op is named with its last seq; one that did has the pair in
- * NCCL (the watchdog's bound applies). What this does not see: a count or
- * type mismatch inside a window that never fills.
+ * NCCL (the watchdog's bound applies).
+ *
+ * A window that does not fill and gets no new op for the answer bound (a
+ * quarter of verify_stall_ms, 100 to 1000 ms) is checked by its sender's
+ * question: the hash of its ops' counts and types, to which the receiver
+ * answers with its verdict. Where they differ, both cut the window there
+ * and exchange it (the receiver at once, the sender at the verdict: the
+ * only time a window ends off the schedule, and both comms fail at it),
+ * and the exchange names the op as any window does.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "fsm/verify.h"
 #include "ncfsm/bootstrap.h"
@@ -66,6 +74,9 @@ typedef struct vdir {
   bool listed;
   bool asking;       /* its peer was asked how far it is (asked_seq: this rank's op waiting) */
   uint64_t asked_seq, ask_t0;
+  uint64_t seen_hi, seen_t; /* a sender's: its poll first saw the window end at seen_hi at seen_t */
+  bool checking;       /* a sender's: its window that did not fill, [cur.lo, check_hi), is being checked */
+  uint64_t check_hi, check_t0, checked_hi; /* checked_hi: checked (or not checkable) up to it */
 } vdir;
 
 struct ncfsm__vpairs {
@@ -75,6 +86,7 @@ struct ncfsm__vpairs {
   bool out_of_memory;
   bool stall_due; /* the watchdog saw a launch older than the stall bound */
   int nasking;    /* directions whose peer was asked */
+  int nchecking;  /* directions whose window that did not fill is being checked */
 };
 
 #define POSTED_MAX 4 /* per direction: later windows wait in its queue */
@@ -151,6 +163,83 @@ static void queue_window(struct ncfsm__verifier *v, struct ncfsm__vpairs *ps, vd
   post_dir(v, d);
 }
 
+/* Exchange d's window up to seq hi now (its ops from hi on stay in it). */
+static void queue_cut(struct ncfsm__verifier *v, struct ncfsm__vpairs *ps, vdir *d, uint64_t hi) {
+  uint32_t k = (uint32_t)(hi - d->cur.lo), rest = d->cur.n - k;
+  pent tail[PW_MAX];
+  memcpy(tail, d->cur.e + k, rest * sizeof *tail);
+  d->cur.n = k;
+  queue_window(v, ps, d);
+  memcpy(d->cur.e, tail, rest * sizeof *tail);
+  d->cur.n = rest;
+}
+
+/* The counts and types of d's ops [lo, hi), which its window holds. */
+static uint64_t ops_hash(const vdir *d, uint64_t lo, uint64_t hi) {
+  uint64_t h = 0;
+  for (uint64_t s = lo; s < hi; s++) {
+    const pent *e = &d->cur.e[s - d->cur.lo];
+    uint64_t x[2] = {e->count, (uint64_t)(uint32_t)e->dtype};
+    h = XXH3_64bits_withSeed(x, sizeof x, h);
+  }
+  return h;
+}
+
+char ncfsm__vpairs_check(struct ncfsm__verifier *v, int sender, uint64_t lo, uint64_t hi, uint64_t hash) {
+  struct ncfsm__vpairs *ps = v->pairs;
+  vdir *d = ps && sender >= 0 && sender < ps->nranks && sender != v->c->rank ? ps->dirs[2 * sender + 1] : NULL;
+  if (!d || d->cur.lo + d->cur.n < hi) return d && d->cur.lo > lo ? 'p' : 'b';
+  if (d->cur.lo > lo) return 'p';
+  if (d->cur.lo < lo || hi <= lo) return 'u';
+  if (ops_hash(d, lo, hi) == hash) return 's';
+  queue_cut(v, ps, d, hi);
+  return 'd';
+}
+
+/* A sender's window that did not fill and had no new op for the answer bound: its check is
+ * asked; the verdict, once there, cuts and exchanges it where they differ. */
+static void check_windows(struct ncfsm__verifier *v, uint64_t now) {
+  struct ncfsm__vpairs *ps = v->pairs;
+  uint64_t bound = ncfsm__vchan_answer_bound_ns(v->c);
+  bool idle_left = false;
+  for (int p = 0; p < ps->nranks; p++) {
+    vdir *d = ps->dirs[2 * p];
+    if (!d) continue;
+    uint64_t hi = d->cur.lo + d->cur.n;
+    if (d->checking) {
+      char verdict = 0;
+      bool got = ncfsm__vchan_pair_verdict(v, p, d->check_hi, &verdict);
+      if (!got && now - d->check_t0 < bound) continue;
+      d->checking = false;
+      ps->nchecking--;
+      d->checked_hi = d->check_hi; /* no answer: unchecked until its next ops (as the stall path says) */
+      if (verdict == 'd' && d->cur.lo + d->cur.n >= d->check_hi && d->cur.lo < d->check_hi)
+        queue_cut(v, ps, d, d->check_hi);
+      else if (got && verdict != 's')
+        NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: the sends to rank %d up to seq %" PRIu64
+                   " were not checked by its question (verdict %c): the window's exchange checks them",
+                   v->c->name, v->c->rank, p, d->check_hi - 1, verdict);
+      continue;
+    }
+    if (!d->cur.n || d->checked_hi >= hi) continue;
+    if (d->seen_hi != hi) { /* new ops since the last look: idle from now */
+      d->seen_hi = hi;
+      d->seen_t = now;
+    }
+    if (now - d->seen_t < bound) {
+      idle_left = true;
+      continue;
+    }
+    d->checking = true;
+    d->check_hi = hi;
+    d->check_t0 = now;
+    ps->nchecking++;
+    ncfsm__vchan_pair_check(v, p, d->cur.lo, hi, ops_hash(d, d->cur.lo, hi));
+  }
+  if (!ps->nchecking) ncfsm__vchan_pair_verdict(v, -1, 0, NULL); /* late ones */
+  if (idle_left || ps->nchecking) ncfsm__vchan_waits(v, true); /* a look again at the timer */
+}
+
 void ncfsm__vpairs_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
   ncfsm_comm *c = v->c;
   struct ncfsm__vpairs *ps = pairs_of(v);
@@ -178,6 +267,7 @@ void ncfsm__vpairs_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
   d->cur.e[d->cur.n++] = (pent){w->fp.count, w->fp.dtype, w->fp.op};
   uint64_t k = w->fp.seq;
   if (k == 0 || (k + 1) % d->cur.win == 0 || d->cur.n == PW_MAX) queue_window(v, ps, d);
+  else if (send) ncfsm__vchan_waits(v, true); /* the stall timer: a window that does not fill is checked */
   if (ps->out_of_memory) ncfsm__verify_fire(v, NCFSM__VE_NO_MEMORY, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NULL);
 }
 
@@ -269,6 +359,11 @@ void ncfsm__vpairs_post(struct ncfsm__verifier *v) {
 static bool compare(const struct ncfsm__verifier *v, const vdir *d, const pex *x, char *what, size_t len) {
   int src = d->send ? v->c->rank : d->peer, dst = d->send ? d->peer : v->c->rank;
   const pmsg *s = &x->all[0], *r = &x->all[1];
+  /* a window one side cut off the schedule (its check found a difference): the ops both hold first */
+  for (uint32_t i = 0; s->lo == r->lo && i < s->n && i < r->n && i < PW_MAX; i++)
+    if (ncfsm__verify_describe_pair(s->lo + i, src, dst, s->e[i].count, s->e[i].dtype, r->e[i].count, r->e[i].dtype,
+                                    what, len))
+      return true;
   if (s->lo != r->lo || s->n != r->n || s->win != r->win) {
     snprintf(what, len,
              "verification: the sends from rank %d to rank %d are out of step with their receives: the sender "
@@ -277,10 +372,6 @@ static bool compare(const struct ncfsm__verifier *v, const vdir *d, const pex *x
              src, dst, s->lo, s->lo + s->n - 1, s->win, r->lo, r->lo + r->n - 1, r->win);
     return true;
   }
-  for (uint32_t i = 0; i < s->n && i < PW_MAX; i++)
-    if (ncfsm__verify_describe_pair(s->lo + i, src, dst, s->e[i].count, s->e[i].dtype, r->e[i].count, r->e[i].dtype,
-                                    what, len))
-      return true;
   return false;
 }
 
@@ -343,6 +434,7 @@ bool ncfsm__vpairs_poll(struct ncfsm__verifier *v, uint64_t now) {
   ps->stall_due = false; /* the watchdog says again while it holds */
   for (int i = 0; ps->nasking && i < 2 * ps->nranks; i++)
     if (ps->dirs[i] && ps->dirs[i]->asking && judge_asked(v, ps->dirs[i], now)) return true;
+  if (v->c->opts.verify_stall_ms) check_windows(v, now);
   for (vdir **at = &ps->act; *at && !fired;) {
     vdir *d = *at;
     while (d->head && poll_head(v, d, now, &fired)) progress = true;
@@ -376,8 +468,8 @@ void ncfsm__vpairs_drop(struct ncfsm__verifier *v) {
   }
   ps->act = NULL;
   for (int i = 0; i < 2 * ps->nranks; i++)
-    if (ps->dirs[i]) ps->dirs[i]->asking = false;
-  ps->nasking = 0;
+    if (ps->dirs[i]) ps->dirs[i]->asking = ps->dirs[i]->checking = false;
+  ps->nasking = ps->nchecking = 0;
 }
 
 /* Before the verifier's channel closes: its pairs' channels (nothing is out any more). */

@@ -19,8 +19,8 @@
 #define N 2
 #define OPS 12
 
-enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL, P2P_OK, P2P_COUNT, P2P_SKIP, P2P_PARTIAL };
-#define P2P(s) ((s) == P2P_OK || (s) == P2P_COUNT || (s) == P2P_SKIP || (s) == P2P_PARTIAL)
+enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL, P2P_OK, P2P_COUNT, P2P_SKIP, P2P_PARTIAL, P2P_TAIL };
+#define P2P(s) ((s) == P2P_OK || (s) == P2P_COUNT || (s) == P2P_SKIP || (s) == P2P_PARTIAL || (s) == P2P_TAIL)
 /* the rank that stops early (STALL, LEAVE: rank 1; P2P_SKIP: rank 0, the sender) and the one judged */
 #define STOPPER (sc == P2P_SKIP || sc == P2P_PARTIAL ? 0 : 1)
 
@@ -89,13 +89,14 @@ static void *rank_main(void *arg) {
   o.timeout_ms = 20000; /* the watchdog: far later than verification must act */
   o.verify = NCFSM_VERIFY_ASYNC;
   o.verify_window = 4;
-  o.verify_stall_ms = sc == STALL || sc == LEAVE || sc == P2P_SKIP || sc == P2P_PARTIAL ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
+  o.verify_stall_ms = sc == STALL || sc == LEAVE || sc == P2P_SKIP || sc == P2P_PARTIAL || sc == P2P_TAIL ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
   o.name = "verify";
   CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
   CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
   CHECK(ncfsm_comm_wait_state(c, NCFSM_STATE_READY, 10000) == NCFSM_OK);
   int nops = (sc == STALL || sc == LEAVE || sc == P2P_SKIP) && rank == STOPPER ? 2 : OPS;
   if (sc == P2P_PARTIAL) nops = rank == STOPPER ? 5 : 6; /* the window of seqs 4-7 never fills */
+  if (sc == P2P_TAIL) nops = 6;                            /* on both: the window of seqs 4-7 never fills */
   if (sc == FAIL) { /* a warm-up both ranks complete: both verifiers are in service, their channels open (a
                      * notice reaches only the ranks that opened the channel: docs/ordering.md) */
     ncfsm_work *w = NULL;
@@ -112,8 +113,9 @@ static void *rank_main(void *arg) {
     ncfsm_result_t sr;
     if (!P2P(sc)) sr = ncfsm_allreduce(c, bufs[rank][k], bufs[rank][k], 4, NCFSM_INT32, op, NULL, on_done, r, NULL);
     else if (rank == 0) sr = ncfsm_send(c, bufs[rank][k], 4, NCFSM_INT32, 1, NULL, on_done, r, NULL);
-    else /* P2P_COUNT: the receive of seq 5 is for 2 elements where 4 are sent */
-      sr = ncfsm_recv(c, bufs[rank][k], sc == P2P_COUNT && k == 5 ? 2 : 4, NCFSM_INT32, 0, NULL, on_done, r, NULL);
+    else /* P2P_COUNT: the receive of seq 5 is for 2 elements where 4 are sent; P2P_TAIL: as floats */
+      sr = ncfsm_recv(c, bufs[rank][k], sc == P2P_COUNT && k == 5 ? 2 : 4,
+                      sc == P2P_TAIL && k == 5 ? NCFSM_FLOAT32 : NCFSM_INT32, 0, NULL, on_done, r, NULL);
     if (sr != NCFSM_OK && sc == FAIL && ncfsm_comm_state(c) != NCFSM_STATE_READY) { /* failed meanwhile */
       nops = k;
       break;
@@ -293,6 +295,25 @@ static void test_p2p_partial_window(void **state) {
 /* Without a bootstrap there is no channel: refused at init, with a hint. */
 /* Strict verification exchanges every fingerprint before its launch: it
  * needs a bootstrap (async compares in memory without one). */
+/* Both ranks stop after 6 ops, rank 1's receive of seq 5 as floats where int32 are sent (the
+ * same bytes; the sim holds the pair, as it pairs a send only with a receive of its count and
+ * type, and the stall path finds both sides posted: NCCL's to judge, the watchdog's bound at
+ * 20 s). The window of seqs 4-7 never fills, so after the answer bound (100 ms) with no new op
+ * rank 0 asks rank 1 to check seqs 4-5; they differ, both cut the window there and exchange
+ * it, and both comms fail naming the op. */
+static void test_p2p_tail(void **state) {
+  (void)state;
+  run(P2P_TAIL, "verify-p2p-tail");
+  for (int r = 0; r < N; r++) {
+    assert_int_equal(res[r].state, NCFSM_STATE_ERROR);
+    char want[200];
+    snprintf(want, sizeof want, "send/recv seq 5 from rank 0 to rank 1: dtype mismatch: rank 0 sends %s, rank 1 receives %s",
+             ncfsm_dtype_name(NCFSM_INT32), ncfsm_dtype_name(NCFSM_FLOAT32));
+    if (!strstr(res[r].failure, want)) fail_msg("rank %d: %s", r, res[r].failure);
+    assert_int_equal(res[r].ok, 5); /* seqs 0-4 */
+  }
+}
+
 static void test_needs_bootstrap(void **state) {
   (void)state;
   ncfsm_loop *loop;
@@ -322,6 +343,7 @@ int main(void) {
       cmocka_unit_test(test_p2p_count),
       cmocka_unit_test(test_p2p_skip),
       cmocka_unit_test(test_p2p_partial_window),
+      cmocka_unit_test(test_p2p_tail),
       cmocka_unit_test(test_needs_bootstrap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
