@@ -442,10 +442,6 @@ static int run_case(const mcase *mc, const char *out, uint64_t deadline_ms, uint
                                                    : json_string(after.resolved ? ncfsm_err_name(after.status)
                                                                                 : "unresolved"));
   json_object_set_new(j, "hung", json_boolean(bad.submitted && !bad.resolved && !failed));
-  /* Under Slurm's PMIx server (namespace slurm.pmix.*) the bootstrap sends no notices
-   * (bootstrap/pmix_notice.c): stalls are named without culprits, failures not passed on */
-  const char *ns = getenv("PMIX_NAMESPACE");
-  json_object_set_new(j, "notices", json_boolean(!(ns && !strncmp(ns, "slurm.pmix.", 11))));
   char path[4096], tmp[4200];
   snprintf(path, sizeof path, "%s/rank%d.json", out, rank);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -601,35 +597,15 @@ static int check_default(const mcase *mc, json_t *j, int r) {
 
 /* What the design promises for rank r of case mc (docs/ordering.md, "The
  * failure matrix"); the analyzer's exit code and verdict line too. */
-/* Without notices (Slurm's PMIx server: docs/ordering.md) a stall names no culprit and a
- * failure reaches no other rank: rank r of a skip, a failure or a send/recv case outside the
- * pair is held to that (a p2p-count's others stall at the window the pair never reaches). */
-static int check_silent(const mcase *mc, json_t *j, int r) {
-  const char *layer = jstr(j, "layer"), *state = jstr(j, "state");
-  if (mc->kind == K_FAIL || mc->kind == K_P2P_SKIP || (mc->kind == K_SKIP && r == 0))
-    return 0; /* not told: nothing promised (it waits) */
-  bool self = !strcmp(layer, mc->mode == NCFSM_VERIFY_STRICT ? "strict" : "async");
-  if (!self || strcmp(state, "ERROR") || !strstr(jstr(j, "failure"), "not every rank"))
-    return check_fail(mc->name, r, "without notices: want the stall bound to fail the comm; got layer %s, state %s: %s",
-                      layer, state, jstr(j, "failure"));
-  return 0;
-}
-
 static int check_rank(const mcase *mc, json_t *j, int r, int trace_rc, const char *verdict) {
   const char *layer = jstr(j, "layer"), *status = jstr(j, "status"), *state = jstr(j, "state");
   const char *after = json_string_value(json_object_get(j, "after"));
   bool odd = r == 0;
   int bad = 0;
-  json_t *nt = json_object_get(j, "notices");
-  bool pair_self = (mc->kind == K_P2P_COUNT && r <= 1) || (mc->kind == K_P2P_SKIP && r == 1); /* finds it itself */
-  bool told = mc->kind == K_SKIP || mc->kind == K_FAIL || ((mc->kind == K_P2P_COUNT || mc->kind == K_P2P_SKIP) && !pair_self);
-  bool quiet = nt && !json_is_true(nt) && mc->mode != NCFSM_VERIFY_OFF && told;
-  if (!quiet && json_is_true(json_object_get(j, "hung")))
+  if (json_is_true(json_object_get(j, "hung")))
     bad |= check_fail(mc->name, r, "the injected op neither finished nor failed within %s", mc->defaults
                       ? "the stall bound + 10 s" : "its deadline + 5 s");
-  if (quiet) {
-    bad |= check_silent(mc, j, r);
-  } else if (mc->defaults) {
+  if (mc->defaults) {
     bad |= check_default(mc, j, r);
   } else if (mc->kind == K_SKIP && odd && mc->mode != NCFSM_VERIFY_OFF) {
     /* the others' stall reaches it (a failure reaches every rank); strict over the companion
