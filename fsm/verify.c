@@ -130,7 +130,10 @@ static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
     return;
   }
   bool p2p = w->fp.op == NCFSM_KIND_SEND || w->fp.op == NCFSM_KIND_RECV;
-  if (!p2p && c->coll_seq < v->next_window) return; /* the common case: no window due */
+  if (!p2p && c->coll_seq < v->next_window) { /* the common case: no window due */
+    if (c->coll_seq == v->wc_arm) ncfsm__vchan_waits(v, true); /* rank 0's first launch after a check */
+    return;
+  }
   /* in every state that still verifies (windows and sends are counted from seq 0 and queued
    * until the channel runs: every rank posts every one) */
   if (c->opts.verify != NCFSM_VERIFY_ASYNC || !polled(v) || v->state == NCFSM__VS_BROKEN) return;
@@ -302,6 +305,8 @@ ncfsm_result_t ncfsm__verify_attach(ncfsm_comm *c, struct ncfsm_boot *boot) {
   v->state = NCFSM__VS_WAITING; /* fsm/verify.def's initial state */
   v->c = c;
   v->parent = boot; /* the channel opens on it once the comm is in service (its id known) */
+  v->wc_arm = UINT64_MAX;
+  v->det_lo_hash = c->hash; /* before any collective (api_comm.c's seed) */
   c->ver = v;
   c->vops = &verify_ops;
   if ((!boot && ncfsm__vlocal_new(v) != NCFSM_OK) || (boot && ncfsm__vchan_new(v) != NCFSM_OK) ||

@@ -45,6 +45,13 @@ struct ncfsm__verifier {
    * differed (det_hashes), its fingerprints exchanged in det (DETAILING) */
   uint64_t det_lo, det_hi;
   uint64_t next_window; /* async: the collective seq of the next window's exchange (0: not known yet) */
+  uint64_t det_lo_hash; /* the rolling hash after the collectives before det_lo */
+  /* async, rank 0: a window that did not fill and had no new collective for the answer bound
+   * is checked by a question to the others (wc_*: fsm/verify_async.c, "Windows that do not fill") */
+  uint64_t wc_arm;      /* the launch of this seq (the first after a check) starts the stall timer */
+  uint64_t wc_checked;  /* checked (or not checkable) up to this seq */
+  uint64_t wc_seen, wc_seen_t, wc_hi, wc_t0;
+  bool wc_asking;
   char det_hashes[256];
   struct ncfsm__vdet *det;
 };
@@ -142,6 +149,12 @@ bool ncfsm__vchan_pair_answer(struct ncfsm__verifier *v, int peer, bool send, ui
  * verdict, once there (true). */
 void ncfsm__vchan_pair_check(struct ncfsm__verifier *v, int peer, uint64_t lo, uint64_t hi, uint64_t hash);
 bool ncfsm__vchan_pair_verdict(struct ncfsm__verifier *v, int peer, uint64_t hi, char *verdict); /* NULL: drop all */
+/* Rank 0: ask every other rank to check the collectives up to seq hi against its rolling hash;
+ * their verdicts on it as they came (verdicts[r]: 0 none yet; the string has nranks bytes);
+ * tell them that some rank's differ there. */
+void ncfsm__vchan_window_check(struct ncfsm__verifier *v, uint64_t hi, uint64_t hash);
+void ncfsm__vchan_window_verdicts(struct ncfsm__verifier *v, uint64_t hi, char *verdicts);
+void ncfsm__vchan_window_differ(struct ncfsm__verifier *v, uint64_t hi, int rank);
 void ncfsm__vchan_retire(struct ncfsm__verifier *v); /* stopped: close the channel once nothing is left to post */
 bool ncfsm__vchan_open_now(const struct ncfsm__verifier *v);
 bool ncfsm__vchan_busy(const struct ncfsm__verifier *v);
@@ -151,6 +164,12 @@ void ncfsm__vchan_polled(struct ncfsm__verifier *v); /* the poll that wake asked
 void ncfsm__vchan_waits(struct ncfsm__verifier *v, bool waits); /* exchanges out: the stall timer runs */
 void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const char *what);
 bool ncfsm__vchan_take(struct ncfsm__verifier *v, char *what, size_t len); /* true: a peer failed (what) */
+/* Ask the other ranks how far they are without a state of its own (a companion's phase: its
+ * AllGather or set-up is still polled meanwhile): seq as ncfsm__vchan_stalled's, what the
+ * stall's text, bound_ns how long answers count as in time. False without notices. Once the
+ * stall is named, ncfsm__vchan_culprits says who is behind and who did not answer. */
+bool ncfsm__vchan_ask_aside(struct ncfsm__verifier *v, uint64_t seq, const char *what, uint64_t bound_ns);
+void ncfsm__vchan_culprits(struct ncfsm__verifier *v, char *out, size_t len);
 /* An exchange stalled: ask the other ranks (STALL_SUSPECTED), or STALLED at once without notices. */
 void ncfsm__vchan_stalled(struct ncfsm__verifier *v, struct ncfsm_boot_req *req, uint64_t seq, const char *what);
 void ncfsm__vchan_ask(struct ncfsm__verifier *v); /* action ask */
@@ -162,6 +181,11 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now);
 void ncfsm__vasync_free(struct ncfsm__verifier *v);
 void ncfsm__vasync_post_detail(struct ncfsm__verifier *v);          /* action post_detail */
 bool ncfsm__vasync_poll_detail(struct ncfsm__verifier *v, uint64_t now);
+/* Rank 0's question about the collectives up to seq hi (its rolling hash there): this rank's
+ * verdict, 's' the same, 'd' they differ (it then exchanges the window's fingerprints:
+ * DETAILING), 'u' it cannot tell; rank 0 told that a rank's differ (the others detail too). */
+char ncfsm__vasync_check(struct ncfsm__verifier *v, uint64_t hi, uint64_t hash);
+void ncfsm__vasync_differ(struct ncfsm__verifier *v, uint64_t hi, int rank);
 
 /* ---- verify_strict.c ---- */
 void ncfsm__vstrict_queued(struct ncfsm__verifier *v, ncfsm_work *w);
@@ -176,6 +200,7 @@ void ncfsm__vstrict_settle(struct ncfsm__verifier *v, struct ncfsm__sreq *q);
 /* The buffers of an exchange: this rank's fingerprint, every rank's. */
 size_t ncfsm__vstrict_msg_size(void);
 void *ncfsm__vstrict_mine(struct ncfsm__sreq *q, size_t *len);
+uint64_t ncfsm__vstrict_round(const struct ncfsm__sreq *q); /* its exchange number (the same on every rank) */
 void *ncfsm__vstrict_all(struct ncfsm__sreq *q);
 void ncfsm__vstrict_stall_text(struct ncfsm__verifier *v, const struct ncfsm__sreq *q, const char *channel, char *buf,
                                size_t len);

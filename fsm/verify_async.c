@@ -7,11 +7,25 @@
  * when one does not complete within verify_stall_ms, some rank stopped
  * before that seq while this one went on (STALLED). Either fails the comm
  * long before a watchdog would, and dumps its recorder.
+ *
+ * Windows that do not fill: a program that stops or pauses within a window
+ * (a service waiting for requests) would leave its last collectives
+ * unchecked. So rank 0, once its collectives are all complete, its windows
+ * exchanged and no new one launched for the answer bound (a quarter of
+ * verify_stall_ms, 100 to 1000 ms), asks every other rank on the channel to
+ * check the collectives before its count against its rolling hash there; a
+ * rank whose differ (or rank 0, told so, which then tells the others)
+ * exchanges that window's fingerprints (DETAILING, on the detail's own
+ * channel, so the windows' order is untouched), which names the seq, the
+ * field and each rank's value. A rank further on refolds its hash from its
+ * flight recorder; one that cannot, or is not RUNNING, says it cannot tell.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "fsm/verify.h"
 #include "ncfsm/bootstrap.h"
@@ -111,7 +125,10 @@ void ncfsm__vasync_launched(struct ncfsm__verifier *v) {
   ncfsm_comm *c = v->c;
   unsigned win = c->opts.verify_window ? c->opts.verify_window : 1;
   v->next_window = (c->coll_seq / win + 1) * win;
-  if (c->coll_seq % win) return;
+  if (c->coll_seq % win) {
+    if (c->rank == 0) ncfsm__vchan_waits(v, true); /* its first launch: a window that does not fill is checked */
+    return;
+  }
   struct ncfsm__vreq *q = vreq_new(v);
   if (!q) return;
   q->mine = (ncfsm__vmsg){c->coll_seq, c->hash};
@@ -197,6 +214,8 @@ void ncfsm__vasync_free(struct ncfsm__verifier *v) {
   v->npool = 0;
 }
 
+static bool check_idle(struct ncfsm__verifier *v, uint64_t now);
+
 bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
   ncfsm_comm *c = v->c;
   bool progress = false;
@@ -263,13 +282,118 @@ bool ncfsm__vasync_poll(struct ncfsm__verifier *v, uint64_t now) {
       return true;
     }
     v->det_lo = q->mine.seq; /* every collective before it matched */
+    v->det_lo_hash = q->mine.hash;
     v->vq_head = q->next;
     if (!v->vq_head) v->vq_tail = NULL;
     vreq_free(v, q);
     post_due(v);
     progress = true;
   }
-  return progress;
+  return check_idle(v, now) || progress;
+}
+
+/* ---- windows that do not fill ----------------------------------------------------------------- */
+
+/* This rank's rolling hash after its collectives before seq hi (*out), or false: c->hash where
+ * it launched exactly those, else refolded from the hash at det_lo over its flight recorder's
+ * fingerprints (works.c's fold: XXH3 of each fingerprint, seeded with the hash before it). */
+static bool hash_at(struct ncfsm__verifier *v, uint64_t hi, uint64_t *out) {
+  ncfsm_comm *c = v->c;
+  if (c->coll_seq == hi) {
+    *out = c->hash;
+    return true;
+  }
+  if (c->coll_seq < hi || hi < v->det_lo || hi - v->det_lo > DETAIL_MAX || !c->opts.trace_buffer) return false;
+  ncfsm_fingerprint_t *fps = calloc(DETAIL_MAX, sizeof *fps);
+  bool seen[DETAIL_MAX] = {false};
+  unsigned cap = c->opts.trace_buffer, n = 0, have = 0;
+  ncfsm__rec_entry *snap = fps ? malloc((size_t)cap * sizeof *snap) : NULL;
+  if (snap) n = ncfsm__rec_snapshot(c->rec, snap, cap, NULL);
+  for (unsigned i = 0; i < n; i++) {
+    const ncfsm_fingerprint_t *f = &snap[i].fp;
+    if (f->op == NCFSM_KIND_SEND || f->op == NCFSM_KIND_RECV || f->seq == NCFSM__REC_SEQ_NONE) continue;
+    if (f->seq >= v->det_lo && f->seq < hi && !seen[f->seq - v->det_lo]) {
+      fps[f->seq - v->det_lo] = *f;
+      seen[f->seq - v->det_lo] = true;
+      have++;
+    }
+  }
+  bool ok = snap && have == hi - v->det_lo;
+  uint64_t h = v->det_lo_hash;
+  for (uint64_t s = v->det_lo; ok && s < hi; s++) h = XXH3_64bits_withSeed(&fps[s - v->det_lo], sizeof *fps, h);
+  free(snap);
+  free(fps);
+  if (ok) *out = h;
+  return ok;
+}
+
+/* The window up to hi differs: its fingerprints are exchanged (DETAILING), unless this rank is
+ * already past RUNNING (a detail or a failure of its own). */
+static void detail_window(struct ncfsm__verifier *v, uint64_t hi, int other) {
+  if (v->state != NCFSM__VS_RUNNING || v->vq_head) return;
+  snprintf(v->det_hashes, sizeof v->det_hashes,
+           "the collectives before seq %llu differ across ranks (R11): rank %d's rolling hash there is not rank 0's "
+           "(a window that did not fill, checked by rank 0's question)",
+           (unsigned long long)hi, other);
+  v->det_hi = hi;
+  ncfsm__verify_fire(v, NCFSM__VE_HASHES_DIFFER, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, NULL);
+}
+
+char ncfsm__vasync_check(struct ncfsm__verifier *v, uint64_t hi, uint64_t hash) {
+  uint64_t h;
+  if (v->state != NCFSM__VS_RUNNING || hi <= v->det_lo || !hash_at(v, hi, &h)) return 'u';
+  if (h == hash) return 's';
+  detail_window(v, hi, v->c->rank);
+  return 'd';
+}
+
+void ncfsm__vasync_differ(struct ncfsm__verifier *v, uint64_t hi, int rank) {
+  if (hi > v->det_lo) detail_window(v, hi, rank);
+}
+
+/* Rank 0, RUNNING with no window out: the question's turn (see the top of this file). */
+static bool check_idle(struct ncfsm__verifier *v, uint64_t now) {
+  ncfsm_comm *c = v->c;
+  uint64_t hi = c->coll_seq, bound = ncfsm__vchan_answer_bound_ns(c);
+  if (c->rank != 0 || !c->opts.verify_stall_ms || c->nranks < 2 || hi <= v->det_lo || hi <= v->wc_checked) return false;
+  if (v->wc_asking && v->wc_hi == hi) {
+    char *verdicts = calloc((size_t)c->nranks, 1);
+    int answered = 0, differs = -1;
+    if (verdicts) ncfsm__vchan_window_verdicts(v, hi, verdicts);
+    for (int r = 1; verdicts && r < c->nranks; r++) {
+      answered += verdicts[r] != 0;
+      if (verdicts[r] == 'd' && differs < 0) differs = r;
+    }
+    free(verdicts);
+    if (differs < 0 && answered < c->nranks - 1 && now - v->wc_t0 < bound) {
+      ncfsm__vchan_waits(v, true);
+      return false;
+    }
+    v->wc_asking = false;
+    v->wc_checked = hi;
+    v->wc_arm = hi + 1;
+    if (differs < 0) return false;
+    ncfsm__vchan_window_differ(v, hi, differs);
+    detail_window(v, hi, differs);
+    return true;
+  }
+  v->wc_asking = false;
+  if (c->launching || ncfsm__comm_inflight(c) || hi != v->wc_seen) { /* not idle (yet): from its last launch */
+    v->wc_seen = hi;
+    v->wc_seen_t = now;
+    ncfsm__vchan_waits(v, true);
+    return false;
+  }
+  if (now - v->wc_seen_t < bound) {
+    ncfsm__vchan_waits(v, true);
+    return false;
+  }
+  v->wc_asking = true;
+  v->wc_hi = hi;
+  v->wc_t0 = now;
+  ncfsm__vchan_window_check(v, hi, c->hash);
+  ncfsm__vchan_waits(v, true); /* a look at the verdicts within the bound */
+  return false;
 }
 
 /* ---- the detail of a window whose hashes differ (DETAILING) --------------------------------- */

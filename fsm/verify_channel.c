@@ -38,7 +38,10 @@
  * answer), seq the op's seq (question) or the answerer's next seq that way (answer), what
  * "pair <target rank>"; cause 4 asks the target to check the poster's sends to it of seqs
  * [lo, seq) (what "pair <target> check <lo> <hash>"), cause 5 is its verdict (seq the same,
- * what "pair <target> verdict <c>"). */
+ * what "pair <target> verdict <c>"). Target -1 (every rank), from rank 0, about collectives
+ * (fsm/verify_async.c): cause 6 asks to check those before seq against its rolling hash (what
+ * "pair -1 wcheck <hash>"), cause 8 tells that a rank's differ there ("pair -1 wdiffer
+ * <rank>"); cause 7 is a rank's verdict to rank 0 ("pair 0 wverdict <c>"). */
 enum { K_PAIR = 0, K_FAILED = 1, K_ASK = 2, K_ANSWER = 3 };
 #define KEY(c, k) (((c)->comm_id & ~(uint64_t)3) | (k))
 
@@ -79,6 +82,13 @@ struct ncfsm__vchan {
   int npair_c;
   struct { int from; uint64_t hi; char verdict; } pair_v[PAIR_Q]; /* verdicts on this rank's checks */
   int npair_v;
+  /* collectives' windows that did not fill: rank 0's question and news (the latest of each), and
+   * (on rank 0) each rank's verdict on its last question */
+  bool wq_due, wd_due;
+  uint64_t wq_hi, wq_hash, wd_hi;
+  int wd_rank;
+  uint64_t *wv_hi;
+  char *wv;
 };
 
 static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
@@ -93,11 +103,22 @@ static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
     if (n->seq > vc->ask_seq || !(atomic_load(&vc->att) & IN_ASK)) vc->ask_seq = n->seq;
     atomic_fetch_or(&vc->att, IN_ASK);
   } else if (k == K_PAIR && n->origin >= 0 && n->origin < vc->nranks) {
-    int target = -1;
-    if (sscanf(n->what, "pair %d", &target) == 1 && target == vc->rank) {
+    int target = -2, wr;
+    if (sscanf(n->what, "pair %d", &target) == 1 && (target == vc->rank || target == -1)) {
       uint64_t lo, hash;
       char verdict;
-      if (n->cause == 4 && vc->npair_c < PAIR_Q &&
+      if (n->cause == 6 && sscanf(n->what, "pair -1 wcheck %" SCNx64, &hash) == 1) {
+        vc->wq_due = true;
+        vc->wq_hi = n->seq;
+        vc->wq_hash = hash;
+      } else if (n->cause == 8 && sscanf(n->what, "pair -1 wdiffer %d", &wr) == 1) {
+        vc->wd_due = true;
+        vc->wd_hi = n->seq;
+        vc->wd_rank = wr;
+      } else if (n->cause == 7 && vc->wv && sscanf(n->what, "pair 0 wverdict %c", &verdict) == 1) {
+        vc->wv_hi[n->origin] = n->seq;
+        vc->wv[n->origin] = verdict;
+      } else if (n->cause == 4 && vc->npair_c < PAIR_Q &&
           sscanf(n->what, "pair %*d check %" SCNu64 " %" SCNx64, &lo, &hash) == 2) {
         vc->pair_c[vc->npair_c].from = n->origin;
         vc->pair_c[vc->npair_c].lo = lo;
@@ -194,7 +215,8 @@ bool ncfsm__vchan_open(struct ncfsm__verifier *v, char *why, size_t len) {
   snprintf(tag, sizeof tag, "ncfsm.verify.%016" PRIx64, c->comm_id);
   int n = c->nranks; /* known now */
   if (!(vc->ans_seq = calloc((size_t)n, sizeof *vc->ans_seq)) ||
-      !(vc->ans_state = calloc((size_t)n, sizeof *vc->ans_state)) || !(vc->answered = calloc((size_t)n, 1))) {
+      !(vc->ans_state = calloc((size_t)n, sizeof *vc->ans_state)) || !(vc->answered = calloc((size_t)n, 1)) ||
+      !(vc->wv_hi = calloc((size_t)n, sizeof *vc->wv_hi)) || !(vc->wv = calloc((size_t)n, 1))) {
     snprintf(why, len, "verification: out of memory for its channel's answers (%d ranks)", n);
     return false;
   }
@@ -244,6 +266,8 @@ void ncfsm__vchan_free(struct ncfsm__verifier *v) {
   free(vc->ans_seq);
   free(vc->ans_state);
   free(vc->answered);
+  free(vc->wv_hi);
+  free(vc->wv);
   free(vc);
   v->chan = NULL;
 }
@@ -326,6 +350,10 @@ static void answer_pairs(struct ncfsm__verifier *v) {
   memcpy(q, vc->pair_q, sizeof q);
   memcpy(chk, vc->pair_c, sizeof chk);
   vc->npair_q = vc->npair_c = 0;
+  bool wq = vc->wq_due, wd = vc->wd_due;
+  uint64_t wq_hi = vc->wq_hi, wq_hash = vc->wq_hash, wd_hi = vc->wd_hi;
+  int wd_rank = vc->wd_rank;
+  vc->wq_due = vc->wd_due = false;
   if (!vc->npair_a && !vc->npair_v) atomic_fetch_and(&vc->att, ~IN_PAIR);
   pthread_mutex_unlock(&vc->mu);
   for (int i = 0; i < nq; i++) {
@@ -340,6 +368,41 @@ static void answer_pairs(struct ncfsm__verifier *v) {
              ncfsm__vpairs_check(v, chk[i].from, chk[i].lo, chk[i].hi, chk[i].hash));
     post(v, &a);
   }
+  if (wq && v->c->rank != 0) {
+    ncfsm_boot_notice a = {.key = KEY(v->c, K_PAIR), .seq = wq_hi, .cause = 7};
+    snprintf(a.what, sizeof a.what, "pair 0 wverdict %c", ncfsm__vasync_check(v, wq_hi, wq_hash));
+    post(v, &a);
+  }
+  if (wd && v->c->rank != 0) ncfsm__vasync_differ(v, wd_hi, wd_rank);
+}
+
+void ncfsm__vchan_window_check(struct ncfsm__verifier *v, uint64_t hi, uint64_t hash) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || !vc->ch || !vc->wv) return;
+  pthread_mutex_lock(&vc->mu);
+  memset(vc->wv, 0, (size_t)vc->nranks);
+  pthread_mutex_unlock(&vc->mu);
+  ncfsm_boot_notice q = {.key = KEY(v->c, K_PAIR), .seq = hi, .cause = 6};
+  snprintf(q.what, sizeof q.what, "pair -1 wcheck %016" PRIx64, hash);
+  post(v, &q);
+}
+
+void ncfsm__vchan_window_verdicts(struct ncfsm__verifier *v, uint64_t hi, char *verdicts) {
+  struct ncfsm__vchan *vc = v->chan;
+  memset(verdicts, 0, (size_t)v->c->nranks);
+  if (!vc || !vc->wv) return;
+  pthread_mutex_lock(&vc->mu);
+  for (int r = 0; r < vc->nranks; r++)
+    if (vc->wv_hi[r] == hi) verdicts[r] = vc->wv[r];
+  pthread_mutex_unlock(&vc->mu);
+}
+
+void ncfsm__vchan_window_differ(struct ncfsm__verifier *v, uint64_t hi, int rank) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || !vc->ch) return;
+  ncfsm_boot_notice q = {.key = KEY(v->c, K_PAIR), .seq = hi, .cause = 8};
+  snprintf(q.what, sizeof q.what, "pair -1 wdiffer %d", rank);
+  post(v, &q);
 }
 
 void ncfsm__vchan_pair_check(struct ncfsm__verifier *v, int peer, uint64_t lo, uint64_t hi, uint64_t hash) {
@@ -492,6 +555,19 @@ static void culprits(struct ncfsm__verifier *v, char *out, size_t len) {
              "off)", nb ? "; " : "", ns > 1 ? "ranks" : "rank", silent, ms);
   snprintf(out, len, "%s; %s%s%s", vc->ask_text, nb ? "behind: " : "", behind, tail);
 }
+
+bool ncfsm__vchan_ask_aside(struct ncfsm__verifier *v, uint64_t seq, const char *what, uint64_t bound_ns) {
+  struct ncfsm__vchan *vc = v->chan;
+  if (!vc || !vc->ch || vc->no_notices) return false;
+  vc->ask_req = NULL;
+  vc->ask_mine = seq;
+  snprintf(vc->ask_text, sizeof vc->ask_text, "%s", what);
+  ncfsm__vchan_ask(v);
+  vc->ask_bound_ns = bound_ns;
+  return true;
+}
+
+void ncfsm__vchan_culprits(struct ncfsm__verifier *v, char *out, size_t len) { culprits(v, out, len); }
 
 /* ASKING: the stalled exchange completed after all (CAUGHT_UP), or every
  * rank answered with one behind, or the answer bound passed (STALLED). */

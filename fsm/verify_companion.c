@@ -30,6 +30,7 @@ struct ncfsm__comp {
   void *dmine, *dall;      /* ncfsm_mem_alloc: device memory (host memory where the backend has none) */
   struct ncfsm__sreq *cur; /* EXCHANGING, COLLECTING: the exchange in flight */
   uint64_t t_phase;        /* when the current phase (a set-up step or an exchange) began */
+  uint64_t asked_phase;    /* the phase (its t_phase) whose stall the other ranks were asked about */
 };
 
 #define CHANNEL " (channel nccl)"
@@ -51,11 +52,19 @@ static void channel_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, cons
   ncfsm__verify_fire(v, NCFSM__VE_CHANNEL_FAILED, NCFSM_EV_ASYNC_ERROR, cause, what);
 }
 
-static bool stalled(struct ncfsm__verifier *v, uint64_t now, const char *what) {
+/* A phase past half the stall bound asks the other ranks how far they are (seq: what a rank
+ * that got there has submitted; their answers come on the channel while the phase is still
+ * polled); past the bound, the stall is named with them: who is behind, who did not answer. */
+static bool stalled(struct ncfsm__verifier *v, uint64_t now, uint64_t seq, const char *what) {
   ncfsm_comm *c = v->c;
-  uint64_t t0 = v->comp->t_phase; /* may be later than the turn's clock reading: set by this turn's action */
-  if (!c->opts.verify_stall_ms || now <= t0 || now - t0 <= c->opts.verify_stall_ms * 1000000ull) return false;
-  ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
+  struct ncfsm__comp *k = v->comp;
+  uint64_t t0 = k->t_phase, stall = c->opts.verify_stall_ms * 1000000ull; /* t0 may be later than now: set by this turn */
+  if (!stall || now <= t0 || now - t0 <= stall / 2) return false;
+  if (k->asked_phase != t0 && ncfsm__vchan_ask_aside(v, seq, what, stall / 2)) k->asked_phase = t0;
+  if (now - t0 <= stall) return false;
+  char named[900];
+  if (k->asked_phase == t0) ncfsm__vchan_culprits(v, named, sizeof named);
+  ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, k->asked_phase == t0 ? named : what);
   return true;
 }
 
@@ -118,7 +127,7 @@ static void setup_poll(struct ncfsm__verifier *v, uint64_t now) {
     if (r == NCFSM_ERR_AGAIN) {
       snprintf(what, sizeof what, "strict verification" CHANNEL ": not every rank reached the companion "
                                   "communicator's set-up within %llu ms", (unsigned long long)c->opts.verify_stall_ms);
-      stalled(v, now, what);
+      stalled(v, now, 0, what);
       return;
     }
     ncfsm_boot_req_free(k->req);
@@ -142,7 +151,7 @@ static void setup_poll(struct ncfsm__verifier *v, uint64_t now) {
   if (st == NCFSM__NCCL_IN_PROGRESS) {
     snprintf(what, sizeof what, "strict verification" CHANNEL ": the companion communicator was not ready within %llu ms",
              (unsigned long long)c->opts.verify_stall_ms);
-    stalled(v, now, what);
+    stalled(v, now, 0, what);
     return;
   }
   ncfsm__verify_fire(v, NCFSM__VE_JOINED, NCFSM_EV_ASYNC_ERROR, NCFSM_OK, NULL);
@@ -231,7 +240,7 @@ bool ncfsm__vcomp_poll(struct ncfsm__verifier *v, uint64_t now) {
     break; /* an exchange waits: stalled? */
   }
   ncfsm__vstrict_stall_text(v, k->cur, CHANNEL, what, sizeof what);
-  return stalled(v, now, what) || v->state != before;
+  return stalled(v, now, ncfsm__vstrict_round(k->cur) + 1, what) || v->state != before;
 }
 
 /* ---- the end ------------------------------------------------------------------------------------ */

@@ -210,6 +210,8 @@ void ncfsm__vstrict_settle(struct ncfsm__verifier *v, struct ncfsm__sreq *q) {
   ncfsm__sreq_free(q);
 }
 
+uint64_t ncfsm__vstrict_round(const struct ncfsm__sreq *q) { return q->mine.round; }
+
 void ncfsm__vstrict_stall_text(struct ncfsm__verifier *v, const struct ncfsm__sreq *q, const char *channel, char *buf,
                                size_t len) {
   ncfsm_comm *c = v->c;

@@ -580,7 +580,10 @@ static void setup_stuck(unsigned s, int stuck, const char *msg) {
     ncfsm_boot *b[2];
     ncfsm_loop *loop = vpair(c, b, &o[0], &o[1]);
     stuck_end(c[stuck], stuck, s, how);
-    if (how == END_STALL) failed_with(c[stuck], msg);
+    if (how == END_STALL) { /* asked at half the bound: the peer, which does not verify, is silent */
+      failed_with(c[stuck], msg);
+      want_text(c[stuck], true, stuck ? "rank 0 did not answer within 15 ms" : "rank 1 did not answer within 15 ms");
+    }
     ROW_FIRED(M, ncfsm__m_verify.states[s].name, end_ev[how], "ANY", h0);
     down(loop, c, b, NULL, 0);
   }
@@ -634,14 +637,19 @@ static void test_joining_channel_failed(void **state) {
   kit_end();
 }
 
-/* EXCHANGING on rank 0 (its companion's AllGather never becomes final: the
- * kit's SLOW fault for ever) and COLLECTING on rank 1 (its AllGather is final,
- * but rank 0's part never arrives), each ended by a stall, an abort, or a
- * collective that gets no exchange. */
+/* EXCHANGING on rank 0 (its companion's AllGather never becomes final: the kit's SLOW
+ * fault for ever) and COLLECTING on rank 1 (its AllGather is final, but rank 0's part never
+ * arrives), one of them ended by an abort or a collective that gets no exchange (one at a
+ * time: the other is then told of its failure, PEER_FAILED); and EXCHANGING ended by a
+ * stall, with rank 1 submitting nothing (asked at half the bound, it answers that it
+ * submitted none; COLLECTING's stall: test_exchange_culprit). One stall bound for both ranks
+ * would race: the first to stall tells the other, which may fail told before its own. */
 static void test_exchange_stuck(void **state) {
   (void)state;
-  for (int how = 0; how < 3; how++) {
-    unsigned x0 = rows_hits(M, "EXCHANGING", end_ev[how], "ANY"), c0 = rows_hits(M, "COLLECTING", end_ev[how], "ANY");
+  for (int k = 0; k < 5; k++) {
+    int how = k == 0 ? END_STALL : k <= 2 ? END_ABORT : END_NO_MEMORY, r = k == 0 ? 0 : (k + 1) % 2;
+    unsigned st = r ? NCFSM__VS_COLLECTING : NCFSM__VS_EXCHANGING;
+    unsigned h0 = rows_hits(M, ncfsm__m_verify.states[st].name, end_ev[how], "ANY");
     kit_begin("verify.exchange_stuck");
     ncfsm_fault f = kit_fault_of(NCFSM_FAULT_SLOW, "v.verify", 0);
     f.polls = -1;
@@ -650,20 +658,89 @@ static void test_exchange_stuck(void **state) {
     ncfsm_comm *c[2];
     ncfsm_boot *b[2];
     ncfsm_loop *loop = vpair(c, b, &o, &o);
-    ncfsm_work *w[2];
-    for (int r = 0; r < 2; r++) w[r] = op(c[r], r, NCFSM_OP_SUM);
+    ncfsm_work *w[2] = {op(c[0], 0, NCFSM_OP_SUM), how == END_STALL ? NULL : op(c[1], 1, NCFSM_OP_SUM)};
     until_vstate(c[0], NCFSM__VS_EXCHANGING);
-    until_vstate(c[1], NCFSM__VS_COLLECTING);
-    stuck_end(c[0], 0, NCFSM__VS_EXCHANGING, how);
-    stuck_end(c[1], 1, NCFSM__VS_COLLECTING, how);
-    if (how == END_STALL)
-      for (int r = 0; r < 2; r++) {
-        failed_with(c[r], "strict verification (channel nccl): not every rank submitted collective seq 0");
-        want_work(w[r], NCFSM_WORK_TIMED_OUT, NCFSM_ERR_TIMEOUT, -1);
-      }
-    ROW_FIRED(M, "EXCHANGING", end_ev[how], "ANY", x0);
-    ROW_FIRED(M, "COLLECTING", end_ev[how], "ANY", c0);
+    if (how == END_STALL) {
+      failed_with(c[0], "strict verification (channel nccl): not every rank submitted collective seq 0");
+      want_text(c[0], true, "behind: rank 1 submitted only 0 (READY)");
+      want_work(w[0], NCFSM_WORK_TIMED_OUT, NCFSM_ERR_TIMEOUT, -1);
+    } else {
+      until_vstate(c[1], NCFSM__VS_COLLECTING);
+      stuck_end(c[r], r, st, how);
+    }
+    ROW_FIRED(M, ncfsm__m_verify.states[st].name, end_ev[how], "ANY", h0);
     down(loop, c, b, w, 2);
+    kit_end();
+  }
+}
+
+/* COLLECTING -STALLED-> FAILED naming the culprit: rank 1 submits nothing, so rank 0's
+ * companion AllGather (final at once on the sim) never completes; asked at half the bound,
+ * rank 1 answers that it submitted none.
+ * Rank 0's failure then reaches rank 1 (RUNNING -PEER_FAILED->). */
+static void test_exchange_culprit(void **state) {
+  (void)state;
+  unsigned x0 = rows_hits(M, "COLLECTING", "STALLED", "ANY");
+  ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, STALL_MS);
+  ncfsm_comm *c[2];
+  ncfsm_boot *b[2];
+  ncfsm_loop *loop = vpair(c, b, &o, &o);
+  ncfsm_work *w[1] = {op(c[0], 0, NCFSM_OP_SUM)};
+  until_vstate(c[0], NCFSM__VS_COLLECTING);
+  failed_with(c[0], "not every rank submitted collective seq 0 (ALLREDUCE) within 30 ms of this rank");
+  want_text(c[0], true, "behind: rank 1 submitted only 0 (READY)");
+  want_work(w[0], NCFSM_WORK_TIMED_OUT, NCFSM_ERR_TIMEOUT, -1);
+  want_state(c[1], NCFSM_STATE_ERROR); /* told by rank 0's failure notice */
+  want_text(c[1], true, "rank 0's comm failed first");
+  ROW_FIRED(M, "COLLECTING", "STALLED", "ANY", x0);
+  down(loop, c, b, w, 1);
+}
+
+/* Strict exchanges posted so far (sround: the second collective's is posted once it is 2). */
+static unsigned vround(void *arg) {
+  ncfsm_comm *c = arg;
+  pthread_mutex_lock(&c->loop->mu);
+  unsigned n = c->ver ? (unsigned)c->ver->sround : 0;
+  pthread_mutex_unlock(&c->loop->mu);
+  return n;
+}
+
+/* EXCHANGING and COLLECTING -PEER_FAILED-> FAILED: both ranks' first collective is
+ * exchanged and launched, and never completes (the kit's NEVER_ARRIVE on rank 1). Rank 0's
+ * launch is final, so it posts the exchange of its second collective: COLLECTING (its
+ * companion AllGather final at once), or EXCHANGING (the kit keeps rank 0's second AllGather
+ * from becoming final). Then rank 1's comm is aborted with its collective in flight: rank 0 fails
+ * at once naming rank 1, with no stall bound. */
+static void test_exchange_peer_failed(void **state) {
+  (void)state;
+  for (int slow = 0; slow < 2; slow++) {
+    unsigned st = slow ? NCFSM__VS_EXCHANGING : NCFSM__VS_COLLECTING;
+    unsigned p0 = rows_hits(M, ncfsm__m_verify.states[st].name, "PEER_FAILED", "ANY");
+    kit_begin("verify.exchange_peer_failed");
+    ncfsm_fault f = kit_fault_of(NCFSM_FAULT_NEVER_ARRIVE, "v", 1);
+    f.when = NCFSM_AT_OP;
+    f.at = 0;
+    kit_fault(&f);
+    if (slow) {
+      ncfsm_fault g = kit_fault_of(NCFSM_FAULT_SLOW, "v.verify", 0);
+      g.when = NCFSM_AT_OP;
+      g.at = 1;
+      g.polls = -1;
+      kit_fault(&g);
+    }
+    ncfsm_comm_opts o = vopts(NCFSM_VERIFY_STRICT, NCFSM_VERIFY_CHANNEL_NCCL, 0);
+    ncfsm_comm *c[2];
+    ncfsm_boot *b[2];
+    ncfsm_loop *loop = vpair(c, b, &o, &o);
+    ncfsm_work *w[3] = {op(c[0], 0, NCFSM_OP_SUM), op(c[1], 1, NCFSM_OP_SUM), NULL};
+    w[2] = op(c[0], 0, NCFSM_OP_SUM);
+    run_until_is(loop, vround, c[0], 2, "rank 0's second exchange posted");
+    until_vstate(c[0], st);
+    assert_int_equal(ncfsm_comm_abort(c[1]), NCFSM_OK);
+    failed_with(c[0], "rank 1's comm failed first");
+    want_text(c[0], true, "NCFSM_ERR_ABORTED");
+    ROW_FIRED(M, ncfsm__m_verify.states[st].name, "PEER_FAILED", "ANY", p0);
+    down(loop, c, b, w, 3);
     kit_end();
   }
 }
@@ -731,6 +808,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_joining_stuck, kit_teardown),
       cmocka_unit_test_teardown(test_joining_channel_failed, kit_teardown),
       cmocka_unit_test_teardown(test_exchange_stuck, kit_teardown),
+      cmocka_unit_test_teardown(test_exchange_culprit, kit_teardown),
+      cmocka_unit_test_teardown(test_exchange_peer_failed, kit_teardown),
       cmocka_unit_test_teardown(test_exchanging_channel_failed, kit_teardown),
       cmocka_unit_test(test_every_row_walked),
   };

@@ -19,7 +19,7 @@
 #define N 2
 #define OPS 12
 
-enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL, P2P_OK, P2P_COUNT, P2P_SKIP, P2P_PARTIAL, P2P_TAIL };
+enum scenario { CONSISTENT, SILENT_MISMATCH, STALL, LEAVE, FAIL, P2P_OK, P2P_COUNT, P2P_SKIP, P2P_PARTIAL, P2P_TAIL, TAIL, TAIL_AHEAD, TAIL_AHEAD_OK };
 #define P2P(s) ((s) == P2P_OK || (s) == P2P_COUNT || (s) == P2P_SKIP || (s) == P2P_PARTIAL || (s) == P2P_TAIL)
 /* the rank that stops early (STALL, LEAVE: rank 1; P2P_SKIP: rank 0, the sender) and the one judged */
 #define STOPPER (sc == P2P_SKIP || sc == P2P_PARTIAL ? 0 : 1)
@@ -89,14 +89,15 @@ static void *rank_main(void *arg) {
   o.timeout_ms = 20000; /* the watchdog: far later than verification must act */
   o.verify = NCFSM_VERIFY_ASYNC;
   o.verify_window = 4;
-  o.verify_stall_ms = sc == STALL || sc == LEAVE || sc == P2P_SKIP || sc == P2P_PARTIAL || sc == P2P_TAIL ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
+  o.verify_stall_ms = sc == STALL || sc == LEAVE || sc == P2P_SKIP || sc == P2P_PARTIAL || sc == P2P_TAIL || sc == TAIL || sc == TAIL_AHEAD || sc == TAIL_AHEAD_OK ? 300 : sc == FAIL ? 0 : 5000; /* a loaded machine must not make a stall of the others */
   o.name = "verify";
   CHECK(ncfsm_comm_new(loop, &o, &c) == NCFSM_OK);
   CHECK(ncfsm_comm_init_boot(c, boot) == NCFSM_OK);
   CHECK(ncfsm_comm_wait_state(c, NCFSM_STATE_READY, 10000) == NCFSM_OK);
   int nops = (sc == STALL || sc == LEAVE || sc == P2P_SKIP) && rank == STOPPER ? 2 : OPS;
   if (sc == P2P_PARTIAL) nops = rank == STOPPER ? 5 : 6; /* the window of seqs 4-7 never fills */
-  if (sc == P2P_TAIL) nops = 6;                            /* on both: the window of seqs 4-7 never fills */
+  if (sc == P2P_TAIL || sc == TAIL) nops = 6;              /* on both: the window of seqs 4-7 never fills */
+  if (sc == TAIL_AHEAD || sc == TAIL_AHEAD_OK) nops = rank == 1 ? 7 : 6; /* rank 1's seq 6 waits for rank 0 */
   if (sc == FAIL) { /* a warm-up both ranks complete: both verifiers are in service, their channels open (a
                      * notice reaches only the ranks that opened the channel: docs/ordering.md) */
     ncfsm_work *w = NULL;
@@ -108,7 +109,7 @@ static void *rank_main(void *arg) {
   }
   double t0 = now_ms();
   for (int k = 0; k < nops; k++) {
-    ncfsm_redop_t op = sc == SILENT_MISMATCH && rank == 1 && k == 5 ? NCFSM_OP_MAX : NCFSM_OP_SUM;
+    ncfsm_redop_t op = (sc == SILENT_MISMATCH || sc == TAIL || sc == TAIL_AHEAD) && rank == 1 && k == 5 ? NCFSM_OP_MAX : NCFSM_OP_SUM;
     for (int i = 0; i < 4; i++) bufs[rank][k][i] = rank + 1;
     ncfsm_result_t sr;
     if (!P2P(sc)) sr = ncfsm_allreduce(c, bufs[rank][k], bufs[rank][k], 4, NCFSM_INT32, op, NULL, on_done, r, NULL);
@@ -125,9 +126,15 @@ static void *rank_main(void *arg) {
   /* Run until every callback came or the comm failed, bounded. */
   double limit = t0 + 10000;
   while (now_ms() < limit) {
-    CHECK(ncfsm_loop_run(loop, NCFSM_RUN_ONCE) == NCFSM_OK);
+    /* TAIL_AHEAD_OK: rank 0 has nothing left to wait for once its check is done */
+    CHECK(ncfsm_loop_run(loop, sc == TAIL_AHEAD_OK ? NCFSM_RUN_NOWAIT : NCFSM_RUN_ONCE) == NCFSM_OK);
+    if (sc == TAIL_AHEAD_OK) nanosleep(&(struct timespec){0, 1000000}, NULL);
     ncfsm_state_t s = ncfsm_comm_state(c);
     if (s == NCFSM_STATE_ERROR && r->detect_ms == 0) r->detect_ms = now_ms() - t0;
+    if (sc == TAIL_AHEAD_OK) { /* 1 s: rank 0's check comes after 100 ms idle, and must find nothing */
+      if (now_ms() > t0 + 1000) break;
+      continue;
+    }
     if (r->ok + r->failed == nops && (s == NCFSM_STATE_ERROR || sc == CONSISTENT || sc == P2P_OK ||
                                       ((sc == STALL || sc == LEAVE || sc == P2P_SKIP || sc == P2P_PARTIAL) && rank == STOPPER)))
       break;
@@ -314,6 +321,43 @@ static void test_p2p_tail(void **state) {
   }
 }
 
+/* Both ranks stop after 6 AllReduces, rank 1's seq 5 with MAX where rank 0 uses SUM (both
+ * complete: R11). The window of seqs 4-7 never fills; after the answer bound (100 ms) with
+ * nothing new in flight, rank 0 asks rank 1 to check the collectives before seq 6 against its
+ * rolling hash; they differ, both exchange the window's fingerprints and fail naming the field. */
+static void tail_named(enum scenario s, const char *g) {
+  run(s, g);
+  for (int r = 0; r < N; r++) {
+    assert_int_equal(res[r].state, NCFSM_STATE_ERROR);
+    if (!strstr(res[r].failure, "seq 5: redop mismatch: rank 0 redop SUM, rank 1 redop MAX"))
+      fail_msg("rank %d: %s", r, res[r].failure);
+    assert_int_equal(res[r].ok, 6); /* seqs 0-5 completed: only the check could see it */
+  }
+}
+
+static void test_tail(void **state) {
+  (void)state;
+  tail_named(TAIL, "verify-tail");
+}
+
+/* As test_tail, but rank 1 also submits a seventh, which waits for rank 0: asked about the
+ * collectives before seq 6, rank 1 refolds its rolling hash there from its flight recorder. */
+static void test_tail_ahead(void **state) {
+  (void)state;
+  tail_named(TAIL_AHEAD, "verify-tail-ahead");
+}
+
+/* As test_tail_ahead with no mismatch: rank 1's refolded hash is rank 0's, so the check finds
+ * nothing; after 1 s both comms are READY, rank 1's seventh still waiting. */
+static void test_tail_ahead_ok(void **state) {
+  (void)state;
+  run(TAIL_AHEAD_OK, "verify-tail-ahead-ok");
+  for (int r = 0; r < N; r++) {
+    if (res[r].state != NCFSM_STATE_READY) fail_msg("rank %d: %s", r, res[r].failure);
+    assert_int_equal(res[r].ok, 6);
+  }
+}
+
 static void test_needs_bootstrap(void **state) {
   (void)state;
   ncfsm_loop *loop;
@@ -344,6 +388,9 @@ int main(void) {
       cmocka_unit_test(test_p2p_skip),
       cmocka_unit_test(test_p2p_partial_window),
       cmocka_unit_test(test_p2p_tail),
+      cmocka_unit_test(test_tail),
+      cmocka_unit_test(test_tail_ahead),
+      cmocka_unit_test(test_tail_ahead_ok),
       cmocka_unit_test(test_needs_bootstrap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
