@@ -7,48 +7,46 @@
 
 #include "fsm/api-int.h"
 
-static bool op_reduces(ncfsm_opkind_t k) {
-  return k == NCFSM_KIND_ALLREDUCE || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_REDUCESCATTER;
-}
+/* Kinds as bit sets (one test each on the submit path). */
+#define KIND(k) (1u << NCFSM_KIND_##k)
+_Static_assert(NCFSM_OPKIND_COUNT <= 32, "the kinds fit a bit set");
+static bool kind_in(ncfsm_opkind_t k, unsigned set) { return (unsigned)k < 32 && ((1u << k) & set); }
+static bool op_reduces(ncfsm_opkind_t k) { return kind_in(k, KIND(ALLREDUCE) | KIND(REDUCE) | KIND(REDUCESCATTER)); }
 static bool op_rooted(ncfsm_opkind_t k) {
-  return k == NCFSM_KIND_BROADCAST || k == NCFSM_KIND_REDUCE || k == NCFSM_KIND_GATHER ||
-         k == NCFSM_KIND_SCATTER;
+  return kind_in(k, KIND(BROADCAST) | KIND(REDUCE) | KIND(GATHER) | KIND(SCATTER));
 }
 
 /* Argument checks before the backend (R3: an argument error reaching a
  * nonblocking NCCL communicator poisons it for good). */
 static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op *o) {
-  const char *fn = ncfsm_call_fn(call);
   if ((unsigned)o->dtype >= NCFSM_DTYPE_COUNT) {
-    ncfsm__set_error(c, "%s: argument datatype: unknown dtype %d (valid: 0..%d, ncfsm_dtype_t)", fn,
+    ncfsm__set_error(c, "%s: argument datatype: unknown dtype %d (valid: 0..%d, ncfsm_dtype_t)", ncfsm_call_fn(call),
                      (int)o->dtype, NCFSM_DTYPE_COUNT - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   if (op_reduces(o->kind) && (unsigned)o->redop >= NCFSM_REDOP_COUNT) {
     ncfsm__set_error(c, "%s: argument op: unknown reduction operator %d (valid: 0..%d, ncfsm_redop_t)",
-                     fn, (int)o->redop, NCFSM_REDOP_COUNT - 1);
+                     ncfsm_call_fn(call), (int)o->redop, NCFSM_REDOP_COUNT - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   if (op_rooted(o->kind) && (o->root < 0 || o->root >= c->nranks)) {
     ncfsm__set_error(c, "%s: argument root: %d is out of range (the communicator has %d ranks: 0..%d)",
-                     fn, o->root, c->nranks, c->nranks - 1);
+                     ncfsm_call_fn(call), o->root, c->nranks, c->nranks - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   if ((o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV) &&
       (o->peer < 0 || o->peer >= c->nranks)) {
     ncfsm__set_error(c, "%s: argument peer: %d is out of range (the communicator has %d ranks: 0..%d)",
-                     fn, o->peer, c->nranks, c->nranks - 1);
+                     ncfsm_call_fn(call), o->peer, c->nranks, c->nranks - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   size_t bytes, total;
-  size_t mult = (o->kind == NCFSM_KIND_ALLGATHER || o->kind == NCFSM_KIND_REDUCESCATTER ||
-                 o->kind == NCFSM_KIND_ALLTOALL || o->kind == NCFSM_KIND_GATHER ||
-                 o->kind == NCFSM_KIND_SCATTER)
+  size_t mult = kind_in(o->kind, KIND(ALLGATHER) | KIND(REDUCESCATTER) | KIND(ALLTOALL) | KIND(GATHER) | KIND(SCATTER))
                     ? (size_t)c->nranks
                     : 1;
   if (__builtin_mul_overflow(o->count, ncfsm_dtype_size(o->dtype), &bytes) ||
       __builtin_mul_overflow(bytes, mult, &total) || total > (size_t)PTRDIFF_MAX) {
-    ncfsm__set_error(c, "%s: argument count: %zu elements of %s%s overflow the address space", fn,
+    ncfsm__set_error(c, "%s: argument count: %zu elements of %s%s overflow the address space", ncfsm_call_fn(call),
                      o->count, ncfsm_dtype_name(o->dtype), mult > 1 ? " times nranks" : "");
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
@@ -65,7 +63,7 @@ static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op
       default: need_send = need_recv = true; break;
     }
     if ((need_send && !o->send) || (need_recv && !o->recv)) {
-      ncfsm__set_error(c, "%s: argument %s: NULL buffer with count %zu", fn,
+      ncfsm__set_error(c, "%s: argument %s: NULL buffer with count %zu", ncfsm_call_fn(call),
                        need_send && !o->send ? "sendbuff" : "recvbuff", o->count);
       return NCFSM_ERR_INVALID_ARGUMENT;
     }
@@ -74,7 +72,7 @@ static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op
   if (o->stream && c->be->stream_device(o->stream, &dev) == 0 && dev >= 0 && dev != c->opts.device) {
     ncfsm__set_error(c, "%s: argument stream: the stream belongs to device %d, the communicator to "
                         "device %d",
-                     fn, dev, c->opts.device);
+                     ncfsm_call_fn(call), dev, c->opts.device);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   return NCFSM_OK;
@@ -101,20 +99,28 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
     return r;
   }
   if (!o->stream) o->stream = c->stream;
+  /* Every field, once (the work's memory comes uninitialised from the pool). */
   w->magic = NCFSM__WORK_MAGIC;
   w->state = NCFSM_WORK_QUEUED; /* fsm/work.def's initial state */
+  w->user_refs = out != NULL;
+  w->refs = w->user_refs + 1; /* the engine's: until the callback ran */
   w->comm = c;
   w->op = *o;
   ncfsm__work_spans(w);
+  w->status = NCFSM_ERR_AGAIN;
   w->cb = cb;
   w->arg = arg;
-  w->status = NCFSM_ERR_AGAIN;
-  w->t_submit = ncfsm__now_ns();
-  w->user_refs = out != NULL;
-  w->refs = w->user_refs + 1; /* the engine's: until the callback ran */
+  w->batch = NULL;
+  w->mark = w->start_mark = NULL;
   w->device_ms = -1;
+  w->timeout_ms = 0;
+  w->group = 0;
+  w->t_submit = ncfsm__now_ns();
+  w->t_launch = w->t_final = w->t_complete = w->deadline_ns = 0;
+  w->vreq = NULL;
+  w->bnext = w->next = NULL;
   c->refs++;
-  bool p2p = o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV;
+  bool p2p = kind_in(o->kind, KIND(SEND) | KIND(RECV));
   /* The seq is taken at launch (the work's action launch): a work refused,
    * dropped with a failed group or failed before launch takes none, so the
    * ranks' numbers stay equal when a group fails on one rank only (R11). */
@@ -127,9 +133,16 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
       .redop = op_reduces(o->kind) ? (int32_t)o->redop : -1,
       .peer = p2p ? o->peer : -1,
   };
-  ncfsm__rec_entry re = {.fp = w->fp, .state = NCFSM_WORK_QUEUED, .result = NCFSM_ERR_AGAIN,
-                         .stream = (uint64_t)(uintptr_t)o->stream, .t_submit_ns = w->t_submit};
-  w->rec = ncfsm__rec_add(c->rec, &re);
+  ncfsm__rec_entry *re = ncfsm__rec_push(c->rec, &w->rec); /* written in place */
+  if (re) {
+    re->fp = w->fp;
+    re->group = 0;
+    re->state = NCFSM_WORK_QUEUED;
+    re->result = NCFSM_ERR_AGAIN;
+    re->stream = (uint64_t)(uintptr_t)o->stream;
+    re->t_submit_ns = w->t_submit;
+    re->t_launch_ns = re->t_final_ns = re->t_complete_ns = 0;
+  }
   if (loop->trace) {
     ncfsm_trace_rec rec = {NCFSM_OBJ_WORK, w, c->rank, w->fp.seq, -1, -1, NCFSM_WORK_QUEUED, NCFSM_OK, w->t_submit};
     loop->trace(&rec, loop->trace_arg);
@@ -148,7 +161,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
     b->explicit_group = b->allocated = false;
     b->nlinks = 1;
     b->links = &w->single_link;
-    w->single_link.c = c;
+    w->single_link.c = c; /* .b, .next: ncfsm__batch_queue; .order, .nlive too */
     w->batch = b;
     ncfsm__batch_queue(loop, b);
     ncfsm__loop_wake(loop);

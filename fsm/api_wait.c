@@ -51,7 +51,7 @@ ncfsm_result_t ncfsm__wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *a
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000;
       }
-      pthread_cond_timedwait(&loop->cv, &loop->mu, &ts);
+      ncfsm__loop_cv_wait(loop, &ts);
     }
   }
 }
@@ -74,7 +74,7 @@ static void on_loop_tramp(void *arg) {
   q->fn(q->arg);
   q->done = true;
   ncfsm__loop_flush_notes(loop);
-  pthread_cond_broadcast(&loop->cv);
+  ncfsm__loop_cv_broadcast(loop);
   NCFSM__UNLOCK(loop);
 }
 

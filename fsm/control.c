@@ -104,8 +104,11 @@ static void issue_inits(ncfsm_loop *loop) {
   /* A blocking init waits for every rank: never under the loop's lock. The
    * comms are INIT_IN_PROGRESS meanwhile, where only abort is legal, and an
    * abort from another thread runs on this thread, after this. */
-  bool unlock = first->opts.blocking;
-  if (unlock) pthread_mutex_unlock(&loop->mu);
+  bool unlock = first->opts.blocking, clk = false;
+  if (unlock) {
+    clk = ncfsm__turn_clock_pause(loop);
+    pthread_mutex_unlock(&loop->mu);
+  }
   int grc = grouped ? be->group_start() : NCFSM__NCCL_SUCCESS;
   for (int i = 0; i < n; i++) {
     ncfsm_comm *c = inits[i];
@@ -119,7 +122,10 @@ static void issue_inits(ncfsm_loop *loop) {
                            : c->be->comm_init(&rcs[i].bcomm, c->nranks, &c->uid, c->rank, &cfg);
   }
   if (grouped && !IS_ERR(grc)) grc = be->group_end();
-  if (unlock) pthread_mutex_lock(&loop->mu);
+  if (unlock) {
+    pthread_mutex_lock(&loop->mu);
+    ncfsm__turn_clock_resume(loop, clk); /* the blocking init waited */
+  }
   for (int i = 0; i < n; i++) {
     inits[i]->refs--; /* the user still holds each: never the last */
     inits[i]->bcomm = rcs[i].bcomm;
@@ -221,6 +227,7 @@ static void abort_backend(ncfsm_loop *loop, ncfsm_comm **cs, int n) {
       cs[i]->bcomm = NULL;
     }
   ncfsm__loop_claim(loop);
+  bool clk = ncfsm__turn_clock_pause(loop);
   pthread_mutex_unlock(&loop->mu);
   if (grouped && IS_ERR(be->group_start())) {
     NCFSM_WARN(NCFSM__SUB_FSM, "ncclGroupStart failed; aborting %d communicators one by one", total);
@@ -248,6 +255,7 @@ static void abort_backend(ncfsm_loop *loop, ncfsm_comm **cs, int n) {
       NCFSM_WARN(NCFSM__SUB_FSM, "ncclGroupEnd after %d aborts returned %s", total, ncfsm__nccl_result_name(grc));
   }
   pthread_mutex_lock(&loop->mu);
+  ncfsm__turn_clock_resume(loop, clk); /* the blocking call took its time */
   ncfsm__loop_unclaim(loop);
   if (bc != stack_b) free(bc);
   for (int i = 0; i < n; i++) {
@@ -294,9 +302,11 @@ ncfsm_result_t ncfsm__comm_destroy_now(ncfsm_comm *c) {
   c->be_calls++;
   c->refs++;
   ncfsm__loop_claim(loop);
+  bool clk = ncfsm__turn_clock_pause(loop);
   pthread_mutex_unlock(&loop->mu);
   int rc = c->be->destroy(bcomm); /* ~500 ms on GPUs: never under the lock */
   pthread_mutex_lock(&loop->mu);
+  ncfsm__turn_clock_resume(loop, clk); /* the blocking call took its time */
   ncfsm__loop_unclaim(loop);
   ncfsm_result_t r = NCFSM_OK;
   if (rc != NCFSM__NCCL_SUCCESS) {

@@ -54,8 +54,13 @@ ncfsm_result_t ncfsm__group_end(ncfsm_loop *loop);
 /* A call of c that failed with r: inside the caller's open group, the
  * group fails and its outermost end returns r (R3). */
 void ncfsm__group_note_error(ncfsm_comm *c, ncfsm_result_t r);
-bool ncfsm__group_owned(const ncfsm_loop *loop); /* the caller opened the loop's open group */
-bool ncfsm__group_open(const ncfsm_loop *loop);
+/* A group is open (inline: every submit asks); the caller opened it. */
+static inline bool ncfsm__group_open(const ncfsm_loop *loop) {
+  return ncfsm__m_group.states[loop->group_state].flags & NCFSM__GF_OPEN;
+}
+static inline bool ncfsm__group_owned(const ncfsm_loop *loop) {
+  return ncfsm__group_open(loop) && pthread_equal(loop->group_owner, pthread_self());
+}
 
 /* ---- launcher.c ---- */
 /* Launch what can go now, with the control steps of fsm/comm.def before

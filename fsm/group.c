@@ -15,12 +15,6 @@ typedef struct gev {
   ncfsm_result_t result; /* out: what the call returns */
 } gev;
 
-bool ncfsm__group_open(const ncfsm_loop *loop) { return ncfsm__m_group.states[loop->group_state].flags & NCFSM__GF_OPEN; }
-
-bool ncfsm__group_owned(const ncfsm_loop *loop) {
-  return ncfsm__group_open(loop) && pthread_equal(loop->group_owner, pthread_self());
-}
-
 static bool mixed_blocking(const ncfsm_work *works) {
   for (const ncfsm_work *w = works ? works->bnext : NULL; w; w = w->bnext)
     if (w->comm->opts.blocking != works->comm->opts.blocking || w->comm->be != works->comm->be) return true;

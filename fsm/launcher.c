@@ -14,6 +14,7 @@
  * peer catches up (R13): with the peer's next op in the same stuck group,
  * that is a deadlock.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,65 +88,72 @@ static void record_starts(ncfsm_work *taken) {
   }
 }
 
-/* One backend group: the taken works, over the comms set[0..n). */
-static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, ncfsm_comm **set, int n) {
+/* w is LAUNCHING (its seq and deadline: R11) and joins its comm's launching list. */
+static void work_launching(ncfsm_work *w, const ncfsm__wev *wl) {
+  ncfsm_comm *c = w->comm;
+  ncfsm__work_fire(w, NCFSM__WE_LAUNCH, wl);
+  w->next = NULL;
+  if (!c->launching) c->launching = w;
+  else c->launching_tail->next = w;
+  c->launching_tail = w;
+  c->be_calls++;
+}
+
+/* One backend group: the taken works (nops of them), over the comms set[0..n). */
+static void launch_taken(ncfsm_loop *loop, ncfsm_work *taken, int nops, ncfsm_comm **set, int n) {
+  _Static_assert(NCFSM__NCCL_SUCCESS == 0, "op_rc starts zeroed");
   const ncfsm__backend *be = set[0]->be;
-  uint64_t now = ncfsm__now_ns();
   uint64_t launch = ++loop->launch_id;
-  int stack_rc[16], *op_rc = n <= 16 ? stack_rc : calloc((size_t)n, sizeof *op_rc);
-  record_starts(taken);
+  int stack_rc[16] = {0}, *op_rc = n <= 16 ? stack_rc : calloc((size_t)n, sizeof *op_rc);
+  /* The ops as the backend sees them, taken under the lock (a work's op does
+   * not change after its submission, nor is a LAUNCHING work freed). */
+  struct launch_op { void *bcomm; const ncfsm__op *op; int comm; } stack_ops[64], *ops = stack_ops;
+  int cap = nops > 64 ? nops : 64;
+  if (nops > 64) ops = malloc((size_t)nops * sizeof *ops);
+  bool timing = set[0]->opts.timing;
+  for (int i = 1; i < n && !timing; i++) timing = set[i]->opts.timing;
+  if (timing) record_starts(taken);
   /* Every taken work is LAUNCHING from here: a failure below fails it. */
-  ncfsm__wev wl = {NCFSM_OK, launch, now};
+  ncfsm__wev wl = {NCFSM_OK, launch, ncfsm__turn_now(loop)};
+  int k = 0;
   for (ncfsm_work *w = taken, *next; w; w = next) {
     next = w->bnext;
+    w->bnext = NULL;
     ncfsm_comm *c = w->comm;
-    ncfsm__work_fire(w, NCFSM__WE_LAUNCH, &wl); /* seq, deadline (R11) */
-    w->next = NULL;
-    if (!c->launching) c->launching = w;
-    else c->launching_tail->next = w;
-    c->launching_tail = w;
+    work_launching(w, &wl);
+    int i = 0;
+    while (i < n - 1 && set[i] != c) i++;
+    if (ops && k < cap) ops[k++] = (struct launch_op){c->bcomm, &w->op, i};
   }
-  if (!op_rc) { /* nothing reached NCCL */
-    for (int i = 0; i < n; i++)
-      ncfsm__comm_fail(set[i], NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NCFSM__NCCL_SYSTEM_ERROR,
-                       "launch (out of memory)");
-    return;
-  }
-  for (int i = 0; i < n; i++) op_rc[i] = NCFSM__NCCL_SUCCESS;
-  /* The ops as the backend sees them, copied under the lock. */
-  struct launch_op { void *bcomm; ncfsm__op op; int comm; } stack_ops[64], *ops = stack_ops;
-  int nops = 0;
-  for (ncfsm_work *w = taken; w; w = w->bnext) nops++;
-  if (nops > 64 && !(ops = malloc((size_t)nops * sizeof *ops))) {
+  assert(k == nops || !ops); /* the launcher counted what it took */
+  if (!op_rc || !ops) { /* nothing reached NCCL */
     for (int i = 0; i < n; i++)
       ncfsm__comm_fail(set[i], NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_NO_MEMORY, NCFSM__NCCL_SYSTEM_ERROR,
                        "launch (out of memory)");
     if (op_rc != stack_rc) free(op_rc);
+    if (ops != stack_ops) free(ops);
     return;
-  }
-  nops = 0;
-  for (ncfsm_work *w = taken, *next; w; w = next) {
-    next = w->bnext;
-    w->bnext = NULL;
-    int i = 0;
-    while (i < n - 1 && set[i] != w->comm) i++;
-    w->comm->be_calls++;
-    ops[nops++] = (struct launch_op){w->comm->bcomm, w->op, i};
   }
   /* A blocking comm's group end waits for its peers (NCCL, and the sim for
    * up to NCFSM_SIM_WAIT_MS): never under the loop's lock. This thread still
    * owns the loop (R9); other threads may queue work meanwhile. */
-  bool unlock = set[0]->opts.blocking;
-  if (unlock) pthread_mutex_unlock(&loop->mu);
+  bool unlock = set[0]->opts.blocking, clk = false;
+  if (unlock) {
+    clk = ncfsm__turn_clock_pause(loop);
+    pthread_mutex_unlock(&loop->mu);
+  }
   int grc = be->group_start();
   if (!IS_ERR(grc)) {
-    for (int k = 0; k < nops; k++) {
-      int rc = be->op(ops[k].bcomm, &ops[k].op);
-      if (IS_ERR(rc) && !IS_ERR(op_rc[ops[k].comm])) op_rc[ops[k].comm] = rc;
+    for (int j = 0; j < k; j++) {
+      int rc = be->op(ops[j].bcomm, ops[j].op);
+      if (IS_ERR(rc) && !IS_ERR(op_rc[ops[j].comm])) op_rc[ops[j].comm] = rc;
     }
     grc = be->group_end();
   }
-  if (unlock) pthread_mutex_lock(&loop->mu);
+  if (unlock) {
+    pthread_mutex_lock(&loop->mu);
+    ncfsm__turn_clock_resume(loop, clk); /* the group end waited */
+  }
   if (ops != stack_ops) free(ops);
   for (int i = 0; i < n; i++)
     after_launch(set[i], IS_ERR(op_rc[i]) ? op_rc[i] : grc, "launch");
@@ -203,10 +211,39 @@ static ncfsm_comm *next_launch(ncfsm_loop *loop) { return ncfsm__qheap_min(loop,
  *    groups the same ones, and ranks in other processes or threads group by
  *    their own timing (measured on 2.28.9: wrong data).
  */
+/* The latency path (launch_one's first case): c's head batch is one op of c
+ * alone, launched alone; the steps of launch_one and launch_taken without
+ * their set-up (the set of comms, the coalescing bound, the copies of the ops). */
+static void launch_lone(ncfsm_loop *loop, ncfsm_comm *c, ncfsm__batch *b) {
+  ncfsm_work *w = NULL, *tail = NULL;
+  ncfsm__batch_take(loop, b, &w, &tail);
+  w->bnext = NULL;
+  ncfsm__wev wl = {NCFSM_OK, ++loop->launch_id, ncfsm__turn_now(loop)};
+  work_launching(w, &wl);
+  const ncfsm__backend *be = c->be;
+  int rc = be->group_start();
+  if (!IS_ERR(rc)) {
+    int orc = be->op(c->bcomm, &w->op);
+    rc = be->group_end();
+    if (IS_ERR(orc)) rc = orc;
+  }
+  after_launch(c, rc, "launch");
+  loop->poll_iter = 0; /* progress: restart the burst of immediate polls */
+}
+
 static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
   ncfsm__batch *b = c->bq_head->b;
   bool single = !b->explicit_group;
-  int npeers = single ? ncfsm__comm_peers(c) : 0; /* the comms of c's clique on this loop */
+  /* the comms of c's clique on this loop (a 1-rank clique has none but c) */
+  int npeers = single && c->nranks > 1 ? ncfsm__comm_peers(c) : 0;
+  /* One op of c alone, launched alone (a group of one op, or an ungrouped op
+   * with nothing queued behind it and no other rank of its clique here), on
+   * a nonblocking comm that does not time its works: the latency path. */
+  if (b->nworks == 1 && b->nlinks == 1 && !c->opts.blocking && !c->opts.timing &&
+      (!single || (!c->bq_head->next && (npeers == 0 || npeers == 1)))) {
+    launch_lone(loop, c, b);
+    return true;
+  }
   int cap = b->nlive > npeers ? b->nlive : npeers;
   ncfsm_comm *stack_set[16], **set = stack_set;
   if (npeers < 0 || (cap > 16 && !(set = malloc((size_t)cap * sizeof *set)))) {
@@ -220,7 +257,7 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
   unsigned ntaken = (unsigned)b->nworks;
   ncfsm_work *w0 = b->head;
   ncfsm__batch_take(loop, b, &head, &tail);
-  if (single) {
+  if (single && npeers) {
     for (ncfsm_comm *d = c->peer_next; d != c && n < cap; d = d->peer_next) {
       if (!head_ready(d) || d->bq_head->b->explicit_group) continue;
       ncfsm__batch *db = d->bq_head->b;
@@ -255,7 +292,8 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
       for (int i = 0; i < n && ok; i++) {
         ncfsm__blink *l = set[i]->bq_head;
         ok = l && !l->b->explicit_group && l->b->order < lim && batch_ready(l->b) &&
-             same_instance(next0, l->b->head) && !ncfsm__spanset_take(loop->spans, l->b); /* R12 */
+             (l->b->head == next0 ? next0->fp.peer < 0 : same_instance(next0, l->b->head)) && /* (itself: not p2p) */
+             !ncfsm__spanset_take(loop->spans, l->b); /* R12 */
       }
       if (!ok) break;
       for (int i = 0; i < n; i++) {
@@ -264,7 +302,7 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
       }
     }
   }
-  launch_taken(loop, head, set, n);
+  launch_taken(loop, head, (int)ntaken, set, n);
   if (set != stack_set) free(set);
   return true;
 }
@@ -300,6 +338,7 @@ static void fail_marked(ncfsm_comm *c, ncfsm__mark *m) {
       ncfsm_work *w = *pp;
       if (w->mark == m) {
         *pp = w->next;
+        c->ninflight--;
         ncfsm__work_end(w, NCFSM_WORK_FAILED, NCFSM_ERR_BACKEND);
       } else {
         last = w;
@@ -314,7 +353,7 @@ static void fail_marked(ncfsm_comm *c, ncfsm__mark *m) {
  * streams; only now is a completion event recorded after them. One event
  * per (launch, stream) is shared by the works of that launch. */
 void ncfsm__launch_final(ncfsm_comm *c) {
-  uint64_t now = ncfsm__now_ns();
+  uint64_t now = ncfsm__turn_now(c->loop);
   struct { void *stream; ncfsm__mark *mark; } ms[8];
   int nms = 0;
   ncfsm_work *w = c->launching;
@@ -370,6 +409,7 @@ void ncfsm__launch_final(ncfsm_comm *c) {
     else q->head = w;
     q->tail = w;
     q->appended++;
+    c->ninflight++;
     ncfsm__wev wf = {NCFSM_OK, 0, now};
     ncfsm__work_fire(w, NCFSM__WE_LAUNCH_FINAL, &wf);
     w = next;

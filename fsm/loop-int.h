@@ -23,7 +23,8 @@ void ncfsm__timer_after_turn(ncfsm_loop *loop, bool progress);
 /* At the start of a turn: the timer fired (from_timer), or a direct turn
  * consumed an immediate re-poll. */
 void ncfsm__timer_turn(ncfsm_loop *loop, bool from_timer);
-bool ncfsm__timer_now(const ncfsm_loop *loop); /* an immediate re-poll is due (state NOW) */
+/* An immediate re-poll is due (state NOW); inline: asked several times per run. */
+static inline bool ncfsm__timer_now(const ncfsm_loop *loop) { return loop->timer_state == NCFSM__TS_NOW; }
 
 /* ---- push.c ---- */
 ncfsm_result_t ncfsm__push_new(ncfsm_loop *loop);   /* opts.completion PUSH or AUTO */

@@ -39,6 +39,7 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
     loop->snote_head = loop->snote_tail = NULL;
     loop->notify_head = loop->notify_tail = NULL;
     loop->calls_head = loop->calls_tail = NULL;
+    bool clk = ncfsm__turn_clock_pause(loop); /* the callbacks take their time */
     pthread_mutex_unlock(&loop->mu);
     for (struct ncfsm__state_note *n = sn; n; n = n->next)
       if (n->comm->opts.on_state)
@@ -52,6 +53,7 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
       cr = n;
     }
     pthread_mutex_lock(&loop->mu);
+    ncfsm__turn_clock_resume(loop, clk);
     while (sn) {
       struct ncfsm__state_note *n = sn->next;
       ncfsm__comm_unref(sn->comm);
@@ -64,7 +66,7 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop) {
       w = n;
     }
   }
-  pthread_cond_broadcast(&loop->cv);
+  ncfsm__loop_cv_broadcast(loop);
 }
 
 /* ---- the pools' idle timer ------------------------------------------------------------ */
@@ -102,6 +104,8 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
   ncfsm_loop *outer;
   ncfsm__loop_enter_turn(loop, &outer);
   ncfsm__loop_set_runner(loop);
+  ncfsm__turn_clock_resume(loop, true); /* this turn's clock (fsm/objects.h) */
+  loop->wake_sent = false; /* this turn looks at whatever the wake was for */
   ncfsm__timer_turn(loop, poll);
   loop->kick = false;
   if (atomic_exchange(&loop->async_kick, 0)) { /* from another thread: which comm, it did not say */
@@ -124,6 +128,7 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
   }
   ncfsm__timer_after_turn(loop, hint);
   if (loop->ev_trim && !loop->trim_armed && ncfsm__pool_over(loop)) arm_trim(loop);
+  ncfsm__turn_clock_pause(loop); /* outside a turn every read is fresh */
   ncfsm__loop_clear_runner(loop);
   ncfsm__loop_leave_turn(loop, outer);
 }
@@ -293,7 +298,7 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   pthread_mutex_lock(&loop->mu);
   /* A destroy or abort outside a turn owns the loop for its blocking call. */
   while (loop->claimed && !pthread_equal(loop->runner, pthread_self()))
-    pthread_cond_wait(&loop->cv, &loop->mu);
+    ncfsm__loop_cv_wait(loop, NULL);
   if (loop->running && !pthread_equal(loop->runner, pthread_self())) {
     ncfsm__loop_error(loop, "ncfsm_loop_run: the loop is already run by another thread; wait on works instead");
     pthread_mutex_unlock(&loop->mu);

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "core/backend.h"
 #include "core/log.h"
@@ -210,6 +211,7 @@ struct ncfsm_comm {
   ncfsm_work *launching, *launching_tail; /* handed to NCCL, launch not final yet */
   ncfsm__squeue *sq;  /* in-flight works per stream */
   int nsq, capsq;
+  int ninflight;             /* works in the stream queues sq (IN_FLIGHT): ncfsm__comm_inflight */
   ncfsm__mark *free_marks;
   int nfree_marks;
   void *stream;       /* the comm's own stream (NULL stream argument) */
@@ -306,6 +308,7 @@ struct ncfsm_loop {
   uint64_t id;           /* unique in the process: the per-thread last error names it */
   pthread_mutex_t mu;
   pthread_cond_t cv;
+  int cv_waiters;        /* threads in a wait on cv (ncfsm__loop_cv_wait): none, no broadcast */
   const ncfsm__loop_ops *ops;
   struct event_base *base;
   bool own_base;
@@ -313,6 +316,7 @@ struct ncfsm_loop {
   struct event *ev_poll; /* progress timer */
   unsigned timer_state;   /* ncfsm__timer_state_t: fsm/timer.def */
   bool kick;             /* something needs a turn (launch, init, abort, finalize) */
+  bool wake_sent;        /* ncfsm__loop_wake woke the loop's thread: the turn that follows clears it */
   unsigned poll_iter;
   unsigned backoff;        /* timed polls since the burst ended */
   uint64_t burst_start_ns; /* last progress: the immediate-poll burst runs from here */
@@ -366,6 +370,8 @@ struct ncfsm_loop {
   ncfsm_comm **qh;                 /* the launch heap: comms with queued batches, by their head's order */
   int nqh, capqh;
   uint64_t peers_gen, peers_built; /* peer rings: a comm's id changed (gen), the rings match (built == gen) */
+  uint64_t turn_ns;                /* the turn's clock (ncfsm__turn_now); 0: not read yet */
+  bool turn_clock;                 /* a turn holds the lock: ncfsm__turn_now may keep what it read */
 };
 
 struct ncfsm__state_note {
@@ -379,6 +385,43 @@ struct ncfsm__state_note {
 static inline uint64_t ncfsm__deadline(uint64_t now_ns, uint64_t ms) {
   if (!ms || ms > (UINT64_MAX - now_ns) / 1000000ull) return 0;
   return now_ns + ms * 1000000ull;
+}
+
+/* The clock of a turn: read once, at its first use, and shared by what the
+ * turn does while it holds the lock (launch and completion times, the
+ * watchdog, the async watch). Only a turn keeps it (turn_clock: fsm/loop.c),
+ * and only while it holds the lock: it pauses the clock before it drops the
+ * lock (callbacks, a blocking backend call), so a work submitted meanwhile
+ * never reads a later time than its launch or completion; everywhere else
+ * every call reads the clock. */
+static inline uint64_t ncfsm__turn_now(ncfsm_loop *loop) {
+  if (!loop->turn_clock) return ncfsm__now_ns();
+  if (!loop->turn_ns) loop->turn_ns = ncfsm__now_ns();
+  return loop->turn_ns;
+}
+/* Before the lock is dropped inside a turn (returns what to resume), and
+ * once it is held again. */
+static inline bool ncfsm__turn_clock_pause(ncfsm_loop *loop) {
+  bool was = loop->turn_clock;
+  loop->turn_clock = false;
+  loop->turn_ns = 0;
+  return was;
+}
+static inline void ncfsm__turn_clock_resume(ncfsm_loop *loop, bool was) {
+  loop->turn_clock = was;
+  loop->turn_ns = 0;
+}
+
+/* Waits on loop->cv count themselves, so that the hot path's broadcasts
+ * (every flush of callbacks) cost nothing while nobody waits. */
+static inline int ncfsm__loop_cv_wait(ncfsm_loop *loop, const struct timespec *until) {
+  loop->cv_waiters++;
+  int rc = until ? pthread_cond_timedwait(&loop->cv, &loop->mu, until) : pthread_cond_wait(&loop->cv, &loop->mu);
+  loop->cv_waiters--;
+  return rc;
+}
+static inline void ncfsm__loop_cv_broadcast(ncfsm_loop *loop) {
+  if (loop->cv_waiters) pthread_cond_broadcast(&loop->cv);
 }
 
 /* The table's state flags, read inline on the hot paths. */
@@ -410,6 +453,8 @@ void ncfsm__work_fire(ncfsm_work *w, ncfsm__work_event_t ev, const ncfsm__wev *p
 /* w ends with status: as FAILED, TIMED_OUT or ABORTED (st), through FAIL,
  * TIME_OUT or ABORT. Nothing for a final work. */
 void ncfsm__work_end(ncfsm_work *w, ncfsm_work_state_t st, ncfsm_result_t status);
+/* A work's memory, from the pool (beyond the quarantine) or the allocator;
+ * NOT initialised: the caller sets every field. */
 ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop);
 /* Give the pools back down to their keep (works beyond NCFSM__POOL_KEEP, each
  * comm's marks beyond NCFSM__MARK_KEEP); returns the bytes freed. */
@@ -451,11 +496,7 @@ static inline bool ncfsm__verify_busy(const ncfsm_comm *c) {
 }
 
 /* Works on c's streams (inline: the progress pass asks at every turn). */
-static inline bool ncfsm__comm_inflight(const ncfsm_comm *c) {
-  for (int i = 0; i < c->nsq; i++)
-    if (c->sq[i].head) return true;
-  return false;
-}
+static inline bool ncfsm__comm_inflight(const ncfsm_comm *c) { return c->ninflight > 0; }
 bool ncfsm__comm_idle(const ncfsm_comm *c);     /* nothing unfinished, nothing grouped */
 
 static inline bool ncfsm__comm_wants_turn(const ncfsm_comm *c) {
@@ -538,17 +579,41 @@ ncfsm_result_t ncfsm__comm_dump(ncfsm_comm *c, const char *dir, const char *reas
 
 /* ---- sched.c: wakeups and who drives the loop ---- */
 bool ncfsm__loop_can_drive(ncfsm_loop *loop); /* caller may make backend calls now */
-bool ncfsm__loop_in_turn(const ncfsm_loop *loop); /* this thread is inside a turn or callback of loop */
-void ncfsm__loop_enter_turn(ncfsm_loop *loop, ncfsm_loop **outer); /* marks this thread inside a turn */
-void ncfsm__loop_leave_turn(ncfsm_loop *loop, ncfsm_loop *outer);
-void ncfsm__loop_set_runner(ncfsm_loop *loop);
-void ncfsm__loop_clear_runner(ncfsm_loop *loop);
+extern _Thread_local ncfsm_loop *ncfsm__tls_in_turn; /* (sched.c) the loop whose turn this thread is inside */
+/* this thread is inside a turn or callback of loop */
+static inline bool ncfsm__loop_in_turn(const ncfsm_loop *loop) { return ncfsm__tls_in_turn == loop; }
+/* marks this thread inside a turn (outer: the turn it was inside, restored by leave) */
+static inline void ncfsm__loop_enter_turn(ncfsm_loop *loop, ncfsm_loop **outer) {
+  *outer = ncfsm__tls_in_turn;
+  ncfsm__tls_in_turn = loop;
+}
+static inline void ncfsm__loop_leave_turn(ncfsm_loop *loop, ncfsm_loop *outer) {
+  (void)loop;
+  ncfsm__tls_in_turn = outer;
+}
+static inline void ncfsm__loop_set_runner(ncfsm_loop *loop) {
+  loop->runner = pthread_self();
+  loop->running++;
+}
+static inline void ncfsm__loop_clear_runner(ncfsm_loop *loop) { loop->running--; }
 /* Own the loop for a blocking backend call made outside a turn (destroy,
  * abort); another thread's ncfsm_loop_run waits meanwhile. */
 void ncfsm__loop_claim(ncfsm_loop *loop);
 void ncfsm__loop_unclaim(ncfsm_loop *loop);
 /* Something needs a turn: wake the thread that runs the loop. */
-void ncfsm__loop_wake(ncfsm_loop *loop);
+/* A loop with its own base that nobody is running (or that this thread
+ * runs) needs no wakeup: ncfsm_loop_run turns it directly when it finds
+ * queued work, which saves a libevent round trip per op. Nor does a loop
+ * already woken whose turn has not started yet: that turn sees what was
+ * queued since (a stream from another thread wakes the loop once per turn,
+ * not once per op). Inline: every submit calls it. */
+static inline void ncfsm__loop_wake(ncfsm_loop *loop) {
+  loop->kick = true;
+  if (loop->own_base && (loop->running == 0 || pthread_equal(loop->runner, pthread_self()))) return;
+  if (loop->wake_sent) return;
+  loop->wake_sent = true;
+  loop->ops->wake(loop);
+}
 /* Without the lock, from any thread: the next turn looks for control work. */
 void ncfsm__loop_kick_async(ncfsm_loop *loop);
 /* fn(arg) runs on the loop's thread, without the lock, at the end of the

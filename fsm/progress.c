@@ -10,13 +10,12 @@
  * helper thread, R9) on every tick would slow that down. */
 #define ASYNC_WATCH_NS 50000ull
 
-static bool needs_poll(ncfsm_comm *c, uint64_t *now) {
-  unsigned f = ncfsm__sflags(c->state);
+static bool needs_poll(ncfsm_comm *c, unsigned f, bool inflight) {
   if (f & NCFSM_SF_POLL) return true;
-  if (!(f & NCFSM_SF_WORKS) || !c->bcomm || !ncfsm__comm_inflight(c)) return false;
-  if (!*now) *now = ncfsm__now_ns();
-  if (*now - c->async_watch_ns < ASYNC_WATCH_NS) return false;
-  c->async_watch_ns = *now;
+  if (!(f & NCFSM_SF_WORKS) || !c->bcomm || !inflight) return false;
+  uint64_t now = ncfsm__turn_now(c->loop);
+  if (now - c->async_watch_ns < ASYNC_WATCH_NS) return false;
+  c->async_watch_ns = now;
   return true;
 }
 
@@ -51,11 +50,12 @@ static bool poll_comm(ncfsm_comm *c) {
  * joins it again at its next state change or queued batch. */
 bool ncfsm__progress(ncfsm_loop *loop) {
   bool progress = false;
-  uint64_t now = 0;
   if (loop->act_unsorted) ncfsm__active_sort(loop);
   for (ncfsm_comm *c = loop->act_head, *next; c; c = next) {
+    unsigned f = ncfsm__sflags(c->state);
+    bool inflight = ncfsm__comm_inflight(c);
     /* first: a drained comm needs no async watch */
-    if (c->nsq && ncfsm__has(c, NCFSM_SF_WORKS)) {
+    if (inflight && (f & NCFSM_SF_WORKS)) {
       int d = ncfsm__drain(c);
       if (d < 0) {
         ncfsm__comm_fail(c, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_UNHANDLED_CUDA_ERROR,
@@ -64,17 +64,19 @@ bool ncfsm__progress(ncfsm_loop *loop) {
         next = c->act_next;
         continue;
       }
-      progress |= d > 0;
+      if (d > 0) {
+        progress = true;
+        f = ncfsm__sflags(c->state); /* a callback-free step may have moved it (e.g. DRAINING) */
+        inflight = ncfsm__comm_inflight(c);
+      }
     }
-    if (needs_poll(c, &now)) progress |= poll_comm(c);
-    if (ncfsm__verify_busy(c)) {
-      if (!now) now = ncfsm__now_ns();
-      progress |= c->vops->poll(c, now);
-    }
-    if (c->opts.timeout_ms || c->work_deadlines || c->verify_stall_ns) {
-      if (!now) now = ncfsm__now_ns();
-      ncfsm__watchdog(c, now);
-    }
+    if (needs_poll(c, f, inflight)) progress |= poll_comm(c);
+    if (ncfsm__verify_busy(c)) progress |= c->vops->poll(c, ncfsm__turn_now(loop));
+    /* The watchdog has something to look at only with a phase deadline, a
+     * launch or works in flight (the times it compares). */
+    if ((c->opts.timeout_ms || c->work_deadlines || c->verify_stall_ns) &&
+        ((ncfsm__sflags(c->state) & NCFSM_SF_DEADLINE) || c->launching || ncfsm__comm_inflight(c)))
+      ncfsm__watchdog(c, ncfsm__turn_now(loop));
     next = c->act_next;
     if (!ncfsm__comm_wants_turn(c)) ncfsm__comm_delist(c);
   }

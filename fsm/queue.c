@@ -8,6 +8,9 @@
 #include "fsm/objects.h"
 
 void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b) {
+  b->nlive = b->nlinks;
+  b->order = ++loop->batch_order; /* before the heap sees it: its key */
+  loop->nqueued++;
   for (int i = 0; i < b->nlinks; i++) {
     ncfsm__blink *l = &b->links[i];
     ncfsm_comm *c = l->c;
@@ -20,12 +23,8 @@ void ncfsm__batch_queue(ncfsm_loop *loop, ncfsm__batch *b) {
     else c->bq_head = l;
     c->bq_tail = l;
     ncfsm__comm_enlist(c);
+    if (!c->qh_pos) ncfsm__qheap_fix(c); /* its queue was empty: b heads it */
   }
-  b->nlive = b->nlinks;
-  b->order = ++loop->batch_order;
-  loop->nqueued++;
-  for (int i = 0; i < b->nlinks; i++)
-    if (!b->links[i].c->qh_pos) ncfsm__qheap_fix(b->links[i].c); /* its queue was empty: b heads it */
 }
 
 /* Unlink l from its comm's queue, wherever it is in it. */
@@ -131,6 +130,7 @@ void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status
     while (c->sq[i].head) {
       ncfsm_work *w = c->sq[i].head;
       c->sq[i].head = w->next;
+      c->ninflight--;
       ncfsm__work_end(w, st, status);
     }
     c->sq[i].tail = NULL;
@@ -168,6 +168,7 @@ int ncfsm__drain(ncfsm_comm *c) {
       while (q->head && q->head->mark == m) {
         ncfsm_work *w = q->head;
         q->head = w->next;
+        c->ninflight--;
         if (w->start_mark && c->be->event_elapsed_ms(w->start_mark->event, m->event, &w->device_ms) != 0)
           w->device_ms = -1;
         ncfsm__work_fire(w, NCFSM__WE_COMPLETE, NULL);

@@ -19,30 +19,37 @@
  * The common cases, buffers in ascending or descending order, build no
  * tree: each comm keeps the high- and low-water marks of what it took (the
  * largest hi, the smallest lo), and a range that starts at or above the one
- * or ends at or below the other overlaps nothing (two compares). Its ranges
- * wait in a list in the order taken; the first range between the marks (the
- * exact fallback) puts them into the trees, and from then on the comm's
- * queries between the marks descend them.
+ * or ends at or below the other overlaps nothing (two compares). A ring of
+ * buffers taken from the middle (ascending, then wrapping around to the
+ * lowest) is the same: each comm also keeps a gap known to hold nothing it
+ * took, the one just above its last range (up to the next range taken, or
+ * without end), and a range inside the gap overlaps nothing either. Until
+ * then no range is stored: the launch keeps the works it took, and the
+ * first query outside the marks and the gap (the exact fallback) puts the
+ * ranges of that comm's works into its trees; from then on its ranges go
+ * into the trees as they are taken, and its queries there descend them.
  */
 typedef struct {
   uintptr_t lo, hi, maxhi;
   uint32_t prio;
   int l, r;   /* children: node indexes, -1 when none */
-  int next;   /* the comm's list of ranges before its trees are built */
   bool write;
 } ncfsm__rnode;
 
 typedef struct {
   uintptr_t comm;
   uintptr_t hw, lw; /* the largest hi and the smallest lo it took: all it took lies in [lw, hw) */
-  bool tree;        /* its ranges are in the trees (else in the list first..last) */
+  uintptr_t glo, ghi; /* a gap: nothing it took meets [glo, ghi) (empty when glo >= ghi) */
+  bool tree;        /* its ranges are in the trees (else only in the works taken) */
   int w, r;         /* roots of its write and read trees (-1: empty) */
-  int first, last;  /* the list (-1: empty) */
 } ncfsm__rcomm;
 
 struct ncfsm__spanset {
   ncfsm__rnode *node;
-  int nnode, cap;
+  int nnode, cap;   /* nodes in the trees; room for cap ranges */
+  int nspans;       /* ranges taken (the bound of a launch: cap) */
+  const ncfsm_work **works; /* the works taken (with a range), nworks of them */
+  int nworks;
   ncfsm__rcomm *comm;
   int ncomm, last; /* last: the comm found by the previous lookup */
   uint32_t seed;
@@ -103,45 +110,53 @@ static ncfsm__rcomm *comm_trees(ncfsm__spanset *ss, uintptr_t comm, bool add) {
   for (int i = 0; i < ss->ncomm; i++)
     if (ss->comm[i].comm == comm) return &ss->comm[ss->last = i];
   if (!add) return NULL;
-  ss->comm[ss->ncomm] = (ncfsm__rcomm){comm, 0, UINTPTR_MAX, false, -1, -1, -1, -1}; /* room: at most one per node */
+  ss->comm[ss->ncomm] = (ncfsm__rcomm){comm, 0, UINTPTR_MAX, 0, 0, false, -1, -1}; /* room: at most one per range */
   return &ss->comm[ss->last = ss->ncomm++];
 }
 
-static void tree_add(ncfsm__spanset *ss, ncfsm__rcomm *t, int k) {
-  int *root = ss->node[k].write ? &t->w : &t->r;
+/* The range s of t's comm goes into t's trees. */
+static void tree_add(ncfsm__spanset *ss, ncfsm__rcomm *t, const ncfsm__span *s) {
+  int k = ss->nnode++;
+  ss->seed = ss->seed * 1664525u + 1013904223u; /* the treap's priorities: an LCG is enough */
+  ss->node[k] = (ncfsm__rnode){s->lo, s->hi, s->hi, ss->seed, -1, -1, s->write};
+  int *root = s->write ? &t->w : &t->r;
   *root = tree_insert(ss->node, *root, k);
 }
 
-/* The fallback: t's listed ranges go into its trees. */
+/* The fallback: the ranges of the works t's comm took go into its trees. */
 static void build_trees(ncfsm__spanset *ss, ncfsm__rcomm *t) {
-  for (int k = t->first; k >= 0; k = ss->node[k].next) tree_add(ss, t, k);
+  for (int j = 0; j < ss->nworks; j++)
+    if ((uintptr_t)ss->works[j]->comm == t->comm)
+      for (int i = 0; i < ss->works[j]->nspan; i++) tree_add(ss, t, &ss->works[j]->span[i]);
   t->tree = true;
+}
+
+/* [lo, hi) overlaps nothing t took: above or below all of it, or in its gap. */
+static bool clear_of(const ncfsm__rcomm *t, uintptr_t lo, uintptr_t hi) {
+  return lo >= t->hw || hi <= t->lw || (lo >= t->glo && hi <= t->ghi);
 }
 
 static void spanset_insert_work(ncfsm__spanset *ss, const ncfsm_work *w) {
   if (!w->nspan) return;
   ncfsm__rcomm *t = comm_trees(ss, (uintptr_t)w->comm, true);
-  uintptr_t hw = t->hw, lw = t->lw;
-  for (int i = 0; i < w->nspan && !t->tree; i++)
-    if (w->span[i].lo < hw && w->span[i].hi > lw) build_trees(ss, t); /* between the marks: the trees answer from now on */
   for (int i = 0; i < w->nspan; i++) {
-    int k = ss->nnode++;
-    ss->seed = ss->seed * 1664525u + 1013904223u; /* the treap's priorities: an LCG is enough */
-    ss->node[k] = (ncfsm__rnode){w->span[i].lo, w->span[i].hi, w->span[i].hi, ss->seed, -1, -1, -1, w->span[i].write};
-    if (w->span[i].hi > t->hw) t->hw = w->span[i].hi;
-    if (w->span[i].lo < t->lw) t->lw = w->span[i].lo;
-    if (t->tree) {
-      tree_add(ss, t, k);
-    } else {
-      if (t->last >= 0) ss->node[t->last].next = k;
-      else t->first = k;
-      t->last = k;
-    }
+    uintptr_t lo = w->span[i].lo, hi = w->span[i].hi;
+    /* the gap above this range: without end above the high mark, up to the
+     * low mark below it, the rest of the gap inside it; none otherwise */
+    if (lo >= t->hw) t->glo = hi, t->ghi = UINTPTR_MAX;
+    else if (hi <= t->lw) t->glo = hi, t->ghi = t->lw;
+    else if (lo >= t->glo && hi <= t->ghi) t->glo = hi;
+    else if (hi > t->glo && lo < t->ghi) t->glo = t->ghi = 0; /* it meets the gap: forget it */
+    if (hi > t->hw) t->hw = hi;
+    if (lo < t->lw) t->lw = lo;
+    if (t->tree) tree_add(ss, t, &w->span[i]);
   }
+  ss->nspans += w->nspan;
+  ss->works[ss->nworks++] = w;
 }
 
 bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b) {
-  if (!ss->lazy_head && ss->nnode == 0) {
+  if (!ss->lazy_head && ss->nworks == 0) {
     ss->lazy_head = b->head;
     ss->lazy_tail = b->tail;
     return false;
@@ -167,13 +182,13 @@ bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b) {
     ncfsm__rcomm *t = comm_trees(ss, (uintptr_t)w->comm, false);
     if (!t) continue;
     for (int i = 0; i < w->nspan; i++) {
-      if (w->span[i].lo >= t->hw || w->span[i].hi <= t->lw) continue; /* above or below all its comm took */
-      if (!t->tree) build_trees(ss, t);
+      if (clear_of(t, w->span[i].lo, w->span[i].hi)) continue; /* the marks or the gap: nothing there */
+      if (!t->tree) build_trees(ss, t); /* the exact fallback: the trees answer from now on */
       if (tree_hit(ss->node, t->w, w->span[i].lo, w->span[i].hi)) return true;
       if (w->span[i].write && tree_hit(ss->node, t->r, w->span[i].lo, w->span[i].hi)) return true;
     }
   }
-  if (ss->nnode + 2 * b->nworks > ss->cap) return true; /* full: next launch */
+  if (ss->nspans + 2 * b->nworks > ss->cap) return true; /* full: next launch */
   for (const ncfsm_work *w = b->head; w; w = w->bnext) spanset_insert_work(ss, w);
   return false;
 }
@@ -184,8 +199,9 @@ ncfsm__spanset *ncfsm__spanset_new(unsigned max_ops) {
   ss->cap = 2 * (int)max_ops + 2;
   ss->node = calloc((size_t)ss->cap, sizeof *ss->node);
   ss->comm = calloc((size_t)ss->cap, sizeof *ss->comm);
+  ss->works = calloc((size_t)ss->cap, sizeof *ss->works);
   ss->seed = 0x9e3779b9u;
-  if (!ss->node || !ss->comm) {
+  if (!ss->node || !ss->comm || !ss->works) {
     ncfsm__spanset_free(ss);
     return NULL;
   }
@@ -196,11 +212,12 @@ void ncfsm__spanset_free(ncfsm__spanset *ss) {
   if (!ss) return;
   free(ss->node);
   free(ss->comm);
+  free(ss->works);
   free(ss);
 }
 
 void ncfsm__spanset_reset(ncfsm__spanset *ss) {
-  ss->nnode = ss->ncomm = ss->last = 0;
+  ss->nnode = ss->nspans = ss->nworks = ss->ncomm = ss->last = 0;
   ss->lazy_head = ss->lazy_tail = NULL;
 }
 
@@ -225,7 +242,10 @@ void ncfsm__work_spans(ncfsm_work *w) {
     default: break;
   }
   w->nspan = 0;
-  if (in && o->send) w->span[w->nspan++] = (ncfsm__span){(uintptr_t)o->send, (uintptr_t)o->send + in, false};
+  /* In place (the same bytes read and written): one written range, which
+   * overlaps exactly what the pair would (a write conflicts with any access). */
+  if (in && o->send && !(out && o->recv == o->send && out == in))
+    w->span[w->nspan++] = (ncfsm__span){(uintptr_t)o->send, (uintptr_t)o->send + in, false};
   if (out && o->recv) w->span[w->nspan++] = (ncfsm__span){(uintptr_t)o->recv, (uintptr_t)o->recv + out, true};
 }
 
@@ -240,6 +260,7 @@ static int span_cmp(const void *a, const void *b) {
 }
 
 bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y) {
+  if (!list || !list->bnext) return false; /* one op overlaps nothing (a group of one, every ungrouped op) */
   int n = 0;
   for (ncfsm_work *w = list; w; w = w->bnext) n += 2;
   if (n <= 2) return false;

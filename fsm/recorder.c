@@ -12,12 +12,6 @@
 
 /* ---- the ring --------------------------------------------------------------- */
 
-struct ncfsm__recorder {
-  unsigned capacity;
-  uint64_t total; /* entries ever added = the next id */
-  ncfsm__rec_entry slots[];
-};
-
 ncfsm__recorder *ncfsm__rec_new(unsigned capacity) {
   if (capacity == 0) return NULL;
   ncfsm__recorder *r = calloc(1, sizeof *r + (size_t)capacity * sizeof(ncfsm__rec_entry));
@@ -39,17 +33,13 @@ unsigned ncfsm__rec_capacity(const ncfsm__recorder *r) { return r ? r->capacity 
 uint64_t ncfsm__rec_total(const ncfsm__recorder *r) { return r ? r->total : 0; }
 
 ncfsm__rec_ref ncfsm__rec_add(ncfsm__recorder *r, const ncfsm__rec_entry *e) {
-  if (!r || !e) return NCFSM__REC_REF_NONE;
-  uint64_t id = r->total++;
-  ncfsm__rec_entry *slot = &r->slots[id % r->capacity];
-  *slot = *e;
-  slot->id = id;
-  return id;
-}
-
-ncfsm__rec_entry *ncfsm__rec_get(ncfsm__recorder *r, ncfsm__rec_ref ref) {
-  if (!r || ref >= r->total || r->total - ref > r->capacity) return NULL;
-  return &r->slots[ref % r->capacity];
+  ncfsm__rec_ref ref = NCFSM__REC_REF_NONE;
+  ncfsm__rec_entry *slot = e ? ncfsm__rec_push(r, &ref) : NULL;
+  if (slot) {
+    *slot = *e;
+    slot->id = ref;
+  }
+  return ref;
 }
 
 unsigned ncfsm__rec_snapshot(const ncfsm__recorder *r, ncfsm__rec_entry *out, unsigned max,

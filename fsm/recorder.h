@@ -56,10 +56,34 @@ uint64_t ncfsm__rec_total(const ncfsm__recorder *r);    /* entries ever added; 0
  * NCFSM__REC_REF_NONE when r or e is NULL. */
 ncfsm__rec_ref ncfsm__rec_add(ncfsm__recorder *r, const ncfsm__rec_entry *e);
 
+/* The ring (inline below: a work's entry is written at each of its steps). */
+struct ncfsm__recorder {
+  unsigned capacity;
+  uint64_t total; /* entries ever added = the next id */
+  ncfsm__rec_entry slots[];
+};
+
+/* The next entry, to fill in place (every field but id, which it sets): its
+ * id goes to *ref; the oldest entry is overwritten when the ring is full.
+ * NULL (and *ref = NCFSM__REC_REF_NONE) when r is NULL. */
+static inline ncfsm__rec_entry *ncfsm__rec_push(ncfsm__recorder *r, ncfsm__rec_ref *ref) {
+  if (!r) {
+    *ref = NCFSM__REC_REF_NONE;
+    return 0;
+  }
+  uint64_t id = r->total++;
+  ncfsm__rec_entry *slot = &r->slots[id % r->capacity];
+  slot->id = *ref = id;
+  return slot;
+}
+
 /* The entry of ref, to update in place (state, result, times, seq, group), or
  * NULL when r is NULL, ref was never returned by r, or its slot has been
  * overwritten since (more than capacity entries were added after it). */
-ncfsm__rec_entry *ncfsm__rec_get(ncfsm__recorder *r, ncfsm__rec_ref ref);
+static inline ncfsm__rec_entry *ncfsm__rec_get(ncfsm__recorder *r, ncfsm__rec_ref ref) {
+  if (!r || ref >= r->total || r->total - ref > r->capacity) return 0;
+  return &r->slots[ref % r->capacity];
+}
 
 /* Copies the newest min(max, held) entries into out, oldest first (ids
  * consecutive), and returns how many; *total (when not NULL) gets

@@ -100,4 +100,3 @@ void ncfsm__timer_turn(ncfsm_loop *loop, bool from_timer) {
   else if (loop->timer_state == NCFSM__TS_NOW) timer_fire(loop, NCFSM__TE_DIRECT);
 }
 
-bool ncfsm__timer_now(const ncfsm_loop *loop) { return loop->timer_state == NCFSM__TS_NOW; }

@@ -3,8 +3,11 @@
  * view of a work. */
 #include <assert.h>
 #include <stdlib.h>
-#include <string.h>
 
+/* The rolling hash of the launched collectives, once per launch of each:
+ * inlined (the same XXH3 as libxxhash's, specialised for the fingerprint's
+ * fixed size). */
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include "fsm/objects.h"
@@ -62,7 +65,7 @@ static void wact_finish(void *obj, void *payload) {
   ncfsm_comm *c = w->comm;
   ncfsm_loop *loop = c->loop;
   w->status = payload ? ((const ncfsm__wev *)payload)->status : NCFSM_OK;
-  w->t_complete = ncfsm__now_ns();
+  w->t_complete = ncfsm__turn_now(loop);
   if (w->vreq && c->vops) c->vops->forget(c, w);
   stats_note(&loop->stats, w, w->state);
   w->next = NULL;
@@ -154,6 +157,7 @@ static void comm_free(ncfsm_comm *c) {
   ncfsm__peers_changed(loop);
   ncfsm__marks_trim(c, 0);
   if (c->stream) c->be->stream_destroy(c->stream);
+  assert(c->ninflight == 0); /* released: nothing in flight, and the count followed the stream queues */
   free(c->sq);
   ncfsm__rec_free(c->rec);
   free(c->p2p_send_seq);
@@ -186,8 +190,7 @@ ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop) {
   } else if (!(w = malloc(sizeof *w))) {
     return NULL;
   }
-  memset(w, 0, sizeof *w);
-  return w;
+  return w; /* its fields are the caller's to set, every one (fsm/api_ops.c) */
 }
 
 void ncfsm__work_unref(ncfsm_work *w) {

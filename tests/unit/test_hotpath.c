@@ -60,8 +60,11 @@ static void test_r12_trees_match_pairwise(void **state) {
   for (int round = 0; round < ROUNDS; round++) {
     ncfsm__spanset_reset(ss);
     int nt = 0, nw = 0;
-    unsigned range = 64 + (unsigned)(next_rand() % 2048); /* dense to sparse */
-    bool descending = round % 2;
+    /* 0: scattered, dense to sparse; 1: a descending run; 2: a ring of buffers
+     * taken from its middle (ascending, wrapping around to its start) */
+    int order = round % 3;
+    unsigned range = order == 2 ? 8 : 64 + (unsigned)(next_rand() % 2048);
+    uintptr_t ring = 2 * CAP + next_rand() % CAP, rot = next_rand() % ring;
     for (int k = 0; k < 3 * CAP && nw + 4 <= 4 * CAP; k++) {
       /* a batch of 1 op (most) or an explicit group of 2-3 ops */
       int nops = next_rand() % 5 == 0 ? 2 + (int)(next_rand() % 2) : 1;
@@ -70,7 +73,7 @@ static void test_r12_trees_match_pairwise(void **state) {
         ncfsm_work *w = &works[nw++];
         memset(w, 0, sizeof *w);
         w->comm = &comms[next_rand() % 3];
-        uintptr_t base = descending ? 1000000 - (uintptr_t)k * 8 : 0; /* buffers in a descending run */
+        uintptr_t base = order == 1 ? 1000000 - (uintptr_t)k * 8 : order == 2 ? ((uintptr_t)k + rot) % ring * 32 : 0;
         w->nspan = 1 + (int)(next_rand() % 2);
         for (int i = 0; i < w->nspan; i++) random_span(&w->span[i], base, range);
         if (b.tail) b.tail->bnext = w;
@@ -181,6 +184,30 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
+/* A turn keeps the clock it read only while it holds the lock: a work that
+ * ends outside any turn (a failed group fails its works inside
+ * ncfsm_group_end) reads the clock afresh, so its times are in order whatever
+ * ended before it. */
+static void test_turn_clock_outside_turns(void **state) {
+  (void)state;
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = ready_comms(1, c);
+  int32_t buf[4] = {0};
+  for (int k = 0; k < 2; k++) {
+    ncfsm_work *w;
+    assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+    assert_int_equal(ncfsm_allreduce(c[0], buf, buf, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w), NCFSM_OK);
+    assert_int_equal(ncfsm_allreduce(c[0], buf, buf, 4, (ncfsm_dtype_t)999, NCFSM_OP_SUM, NULL, NULL, NULL, NULL),
+                     NCFSM_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ncfsm_group_end(loop), NCFSM_ERR_INVALID_ARGUMENT); /* no turn: w fails inside this call */
+    assert_int_equal(ncfsm_work_state(w), NCFSM_WORK_FAILED);
+    assert_true(w->t_complete >= w->t_submit);
+    ncfsm_work_release(w);
+    sleep_ms(2); /* the next work is submitted later than this one ended */
+  }
+  teardown_all(loop, c, 1);
+}
+
 /* After a peak of works, the pool keeps them while the loop is busy and gives
  * all but its keep back once no work was allocated for its idle bound. */
 static void test_pool_returns_after_idle(void **state) {
@@ -224,6 +251,7 @@ int main(void) {
       cmocka_unit_test(test_watchdog_among_512),
       cmocka_unit_test(test_active_list),
       cmocka_unit_test(test_pool_returns_after_idle),
+      cmocka_unit_test(test_turn_clock_outside_turns),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
