@@ -202,6 +202,47 @@ static long pair_pingpong(em_bench *b, long n) {
   return n / 2 * 2;
 }
 
+/* N 2-rank cliques (verification async, compared in memory), all 2N comms on one
+ * loop: an AllReduce on both ranks of one clique, the cliques in turn. A verified
+ * comm of several ranks that has nothing to do must cost a turn nothing. */
+static int setup_pairs(em_bench *b) {
+  int np = (int)b->param;
+  if (new_loop(0, &b->loop)) return -1;
+  b->comms = calloc((size_t)np * 2, sizeof *b->comms);
+  b->bufs = calloc((size_t)np * 2 * 16, sizeof *b->bufs);
+  if (!b->comms || !b->bufs) return -1;
+  b->nslots = np * 2;
+  ncfsm_result_t r;
+  for (int p = 0; p < np; p++) {
+    ncfsm_unique_id id;
+    if ((r = ncfsm_get_unique_id(NCFSM_BACKEND_AUTO, &id)) != NCFSM_OK) return fail("ncfsm_get_unique_id", r);
+    uint64_t tag = 0x9a20 + (uint64_t)p;
+    memcpy(id.internal, &tag, sizeof tag);
+    for (int k = 0; k < 2; k++, b->ncomms++) {
+      ncfsm_comm_opts o;
+      if ((r = ncfsm_comm_opts_init(&o)) != NCFSM_OK) return fail("ncfsm_comm_opts_init", r);
+      o.verify = NCFSM_VERIFY_ASYNC;
+      if ((r = ncfsm_comm_new(b->loop, &o, &b->comms[2 * p + k])) != NCFSM_OK) return fail("ncfsm_comm_new", r);
+      if ((r = ncfsm_comm_init(b->comms[2 * p + k], 2, k, &id)) != NCFSM_OK) return fail("ncfsm_comm_init", r);
+    }
+  }
+  for (int k = 0; k < 2 * np; k++)
+    if ((r = ncfsm_comm_wait_state(b->comms[k], NCFSM_STATE_READY, 10000)) != NCFSM_OK)
+      return fail("ncfsm_comm_wait_state(READY)", r);
+  return 0;
+}
+
+static long pairs_rr(em_bench *b, long n) {
+  long np = b->ncomms / 2;
+  for (long i = 0; i < n / 2; i++) {
+    long p = i % np;
+    if (submit(b->comms[2 * p], slot(b, 2 * p), 0, NULL) || submit(b->comms[2 * p + 1], slot(b, 2 * p + 1), 0, NULL) ||
+        run_loop(b->loop))
+      return -1;
+  }
+  return n / 2 * 2;
+}
+
 /* ---- issue 2's patterns on one comm --------------------------------------------------- */
 
 static int setup_one(em_bench *b) { return open_bench(b, 0, 1, 64); }
@@ -515,6 +556,8 @@ const em_mode em_modes[] = {
      .setup = setup_pair_boot_off, .run = pair_pingpong},
     {"pair-boot-async", "the same with verification async (exchanges on the bootstrap's channel)", .warm = 1,
      .setup = setup_pair_boot_async, .run = pair_pingpong},
+    {"pairs", "N 2-rank cliques verified async: pair-async across them in turn (per work)", 1, 2048, n_comms,
+     .warm = 1, .setup = setup_pairs, .run = pairs_rr},
     {"selfdrive", "submit, ncfsm_work_wait, release; the waiting thread drives the loop", ONE, .run = selfdrive},
     {"threads", "T threads stream ops (as coalesce) to the loop's own thread; .self: coalesce, same run", 1, 64,
      n_threads, .warm = 1, .setup = setup_threads, .run = threads_stream, .run_ref = stream_ref},
