@@ -2,7 +2,8 @@
  * so that a turn or a launch costs the same whatever the number of comms:
  *  - the active list: the comms a turn's progress pass visits (something in
  *    flight, launching or queued, a state that polls, has a deadline or a
- *    control step, verification that needs a turn);
+ *    control step, verification that needs a turn; a comm whose verifier another thread gave
+ *    something to look at comes through the attention stack);
  *  - the launch heap: the comms with a non-empty launch queue, by the order
  *    of their head batch (the launcher's next launch is its minimum);
  *  - the peer rings: the comms of one clique on this loop (the same unique
@@ -14,15 +15,31 @@
 
 /* ---- the active list ----------------------------------------------------------------- */
 
+/* The list is in seqno order, descending. A program that uses its comms oldest first (the
+ * ranks of a clique, a round over its groups) enlists each at the head; one that goes the other
+ * way, at the tail; else c goes in at its place when that is a few steps from the tail, or at
+ * the tail and the next turn sorts. */
+#define ENLIST_STEPS 4
+
 void ncfsm__comm_enlist_slow(ncfsm_comm *c) {
   ncfsm_loop *loop = c->loop;
+  ncfsm_comm *p = loop->act_tail;
+  if (loop->act_head && loop->act_head->seqno < c->seqno) {
+    p = NULL;
+  } else if (p && p->seqno < c->seqno) {
+    for (int k = 0; p && p->seqno < c->seqno && k < ENLIST_STEPS; k++) p = p->act_prev;
+    if (!p || p->seqno < c->seqno) { /* too far: at the tail */
+      p = loop->act_tail;
+      loop->act_unsorted = true;
+    }
+  }
   c->on_act = true;
-  c->act_next = NULL;
-  c->act_prev = loop->act_tail;
-  if (loop->act_tail && loop->act_tail->seqno < c->seqno) loop->act_unsorted = true;
-  if (loop->act_tail) loop->act_tail->act_next = c;
+  c->act_prev = p; /* c goes after p (NULL: at the head) */
+  c->act_next = p ? p->act_next : loop->act_head;
+  if (c->act_next) c->act_next->act_prev = c;
+  else loop->act_tail = c;
+  if (p) p->act_next = c;
   else loop->act_head = c;
-  loop->act_tail = c;
 }
 
 void ncfsm__comm_delist(ncfsm_comm *c) {
@@ -71,6 +88,36 @@ void ncfsm__active_sort(ncfsm_loop *loop) {
   loop->act_head = list;
   loop->act_tail = prev;
   loop->act_unsorted = false;
+}
+
+/* ---- the attention stack -------------------------------------------------------------- */
+
+/* A Treiber stack that is only pushed and emptied whole: no ABA (a comm popped and pushed
+ * again while another push is under way is a new head with a next of its own). att_queued
+ * keeps a comm on it once; its exchanges, acq_rel, order the pusher's attention bits before
+ * the turn that takes the comm reads them. */
+void ncfsm__comm_attend_async(ncfsm_comm *c) {
+  ncfsm_loop *loop = c->loop;
+  if (atomic_exchange_explicit(&c->att_queued, true, memory_order_acq_rel)) return; /* the turn will take it */
+  ncfsm_comm *h = atomic_load_explicit(&loop->att_head, memory_order_relaxed);
+  do c->att_next = h;
+  while (!atomic_compare_exchange_weak_explicit(&loop->att_head, &h, c, memory_order_release, memory_order_relaxed));
+  loop->ops->wake(loop);
+}
+
+void ncfsm__attend_take(ncfsm_loop *loop) {
+  ncfsm_comm *c = atomic_exchange_explicit(&loop->att_head, NULL, memory_order_acquire);
+  while (c) {
+    ncfsm_comm *next = c->att_next;
+    c->att_next = NULL;
+    atomic_exchange_explicit(&c->att_queued, false, memory_order_acq_rel);
+    ncfsm__comm_enlist(c);
+    c = next;
+  }
+}
+
+void ncfsm__comm_attend_forget(ncfsm_comm *c) {
+  if (atomic_load_explicit(&c->att_queued, memory_order_acquire)) ncfsm__attend_take(c->loop);
 }
 
 void ncfsm__enlist_all(ncfsm_loop *loop) {

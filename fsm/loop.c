@@ -112,6 +112,7 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
     loop->ctl = true;
     ncfsm__enlist_all(loop);
   }
+  ncfsm__attend_turn(loop); /* comms another thread gave something to look at */
   /* Progress (a state change, a completion) and a launch restart the
    * burst; the poll is armed once, at the end of the turn. */
   bool hint = ncfsm__progress(loop);
@@ -143,7 +144,7 @@ static void turn(ncfsm_loop *loop, bool poll) {
  * callbacks to deliver. Called with mu held. */
 static bool direct_work(ncfsm_loop *loop) {
   return loop->kick || ncfsm__timer_now(loop) || loop->notify_head || loop->snote_head || loop->calls_head ||
-         atomic_load(&loop->async_kick);
+         atomic_load(&loop->async_kick) || atomic_load_explicit(&loop->att_head, memory_order_relaxed);
 }
 
 /* One direct turn; an immediate re-poll first yields the CPU, so that NCCL's

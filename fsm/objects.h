@@ -244,6 +244,8 @@ struct ncfsm_comm {
   /* the loop's hot-path indexes (fsm/active.c) */
   ncfsm_comm *act_next, *act_prev; /* the active list */
   bool on_act;
+  ncfsm_comm *att_next;    /* the loop's attention stack (pushed from other threads) */
+  _Atomic bool att_queued; /* ... c is on it */
   uint64_t seqno;                  /* its place in loop->comms: the newer, the larger (the list's order) */
   int qh_pos;                      /* 1 + its place in the launch heap; 0: its launch queue is empty */
   ncfsm_comm *peer_next;           /* the ring of the comms of this loop with its unique id */
@@ -366,6 +368,9 @@ struct ncfsm_loop {
   /* hot-path indexes of its comms (fsm/active.c) */
   ncfsm_comm *act_head, *act_tail; /* the active list: the comms a turn visits */
   bool act_unsorted;               /* ... not in the order of loop->comms (seqno descending) */
+  /* comms whose verifiers were given something to look at by another thread (a peer rank's
+   * loop, a bootstrap's callback): the next turn moves them to the active list */
+  ncfsm_comm *_Atomic att_head;
   uint64_t comm_seqno;             /* the last comm's seqno */
   ncfsm_comm **qh;                 /* the launch heap: comms with queued batches, by their head's order */
   int nqh, capqh;
@@ -488,7 +493,7 @@ void ncfsm__fail_all(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status
 void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t status);
 /* Does an unfinished work of this loop name stream? */
 bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream);
-/* Does c's verification need this turn? (inline: asked for every comm at every turn) */
+/* Does c's verification need this turn? (inline: asked for every listed comm at every turn) */
 static inline bool ncfsm__verify_busy(const ncfsm_comm *c) {
   if (!c->vops) return false;
   if (c->verify_att) return __atomic_load_n(c->verify_att, __ATOMIC_RELAXED) != 0;
@@ -501,10 +506,9 @@ bool ncfsm__comm_idle(const ncfsm_comm *c);     /* nothing unfinished, nothing g
 
 static inline bool ncfsm__comm_wants_turn(const ncfsm_comm *c) {
   if (c->bq_head || c->launching || c->verify_waits || ncfsm__comm_inflight(c) || ncfsm__verify_busy(c)) return true;
-  if (ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE | NCFSM_SF_CONTROL)) return true;
-  /* A verifier that compares with other ranks has its attention flag set by
-   * them, without waking this loop: it is looked at every turn. */
-  return c->vops && c->nranks > 1;
+  /* A verifier given something to look at later (by a peer, a callback, a timer) has its comm
+   * enlisted then (ncfsm__comm_attend*): an idle verified comm costs a turn nothing. */
+  return ncfsm__sflags(c->state) & (NCFSM_SF_POLL | NCFSM_SF_DEADLINE | NCFSM_SF_CONTROL);
 }
 /* Observe c's completion events in stream order: works before the first
  * incomplete event complete. Returns 1 on progress, 0 on none, -1 when an
@@ -530,6 +534,18 @@ static inline void ncfsm__comm_enlist(ncfsm_comm *c) {
   if (!c->on_act) ncfsm__comm_enlist_slow(c);
 }
 void ncfsm__comm_delist(ncfsm_comm *c);
+/* c's verifier has something to look at, set by a thread that does not hold c's loop's lock
+ * (another loop's turn, a bootstrap's or libevent's callback): c goes on the loop's attention
+ * stack, and the loop is woken; its next turn enlists c. Lock-free, from any thread, while c
+ * is alive (its verifier keeps it so: ncfsm__comm_attend_forget before c is freed). */
+void ncfsm__comm_attend_async(ncfsm_comm *c);
+/* The turn's side: the stack onto the active list (the caller holds the loop's lock). */
+void ncfsm__attend_take(ncfsm_loop *loop);
+static inline void ncfsm__attend_turn(ncfsm_loop *loop) {
+  if (atomic_load_explicit(&loop->att_head, memory_order_relaxed)) ncfsm__attend_take(loop);
+}
+/* c is about to be freed, and no thread can push it any more: it is off the stack. */
+void ncfsm__comm_attend_forget(ncfsm_comm *c);
 void ncfsm__enlist_all(ncfsm_loop *loop); /* a wake from outside: every comm is looked at once */
 /* The active list in the order of loop->comms (a turn visits the comms in
  * that order, as it visited every comm before the list existed). */

@@ -99,6 +99,7 @@ static void mark(struct ncfsm__verifier *v) {
   ncfsm__vchan_mark(v, work);
   v->c->verify_waits = v->vq_head != NULL || ncfsm__vpairs_out(v);
   ncfsm__vchan_waits(v, v->c->verify_waits);
+  if (work || v->c->verify_waits) ncfsm__comm_enlist(v->c); /* its turns poll it (the hooks hold the lock) */
 }
 
 void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncfsm_event_t comm_ev,
@@ -107,6 +108,7 @@ void ncfsm__verify_fire(struct ncfsm__verifier *v, ncfsm__verify_event_t ev, ncf
   if (!ncfsm__m_fire(&verify_binding, v, &v->state, ev, &p))
     NCFSM_INFO(NCFSM__SUB_FSM, "[%s rank %d] verification: %s ignored in state %s", v->c->name, v->c->rank,
                ncfsm__m_verify.events[ev].name, ncfsm__m_verify.states[v->state].name);
+  ncfsm__comm_enlist(v->c); /* its next turn looks at the new state (busy or not) */
   mark(v);
 }
 
@@ -293,6 +295,7 @@ static void on_free(ncfsm_comm *c) {
   free(v);
   c->ver = NULL;
   c->vops = NULL;
+  ncfsm__comm_attend_forget(c); /* no peer nor callback can push it now */
 }
 
 static const ncfsm__verify_ops verify_ops = {on_queued, on_launched, on_forget, on_busy,     on_poll,

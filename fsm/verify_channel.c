@@ -54,6 +54,7 @@ enum { IN_FAILED = 1u, IN_ASK = 2u, IN_ANSWER = 4u, IN_POST = 8u, IN_WORK = 16u,
 
 struct ncfsm__vchan {
   ncfsm_boot *ch;    /* the channel; NULL until opened */
+  ncfsm_comm *c;     /* given a turn by the callback (ncfsm__comm_attend_async) */
   struct event *stall_tm; /* while exchanges are out: a look at their stall bound every quarter of it */
   uint64_t stall_us;
   ncfsm_loop *loop;  /* kicked by the callback */
@@ -145,8 +146,8 @@ static void on_notice(ncfsm_boot *b, const ncfsm_boot_notice *n, void *arg) {
     vc->answered[n->origin] = 1;
     atomic_fetch_or(&vc->att, IN_ANSWER);
   }
+  ncfsm__comm_attend_async(vc->c); /* under mu: vc and its comm are alive */
   pthread_mutex_unlock(&vc->mu);
-  ncfsm__loop_kick_async(vc->loop);
 }
 
 static void stall_look(evutil_socket_t fd, short what, void *arg) {
@@ -169,6 +170,7 @@ ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v) {
   struct ncfsm__vchan *vc = calloc(1, sizeof *vc);
   if (!vc) return NCFSM_ERR_NO_MEMORY;
   vc->loop = v->c->loop;
+  vc->c = v->c;
   pthread_mutex_init(&vc->mu, NULL);
   atomic_init(&vc->att, IN_WORK); /* WAITING: polled until in service */
   v->chan = vc;
@@ -191,7 +193,7 @@ ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v) {
 void ncfsm__vchan_wake(struct ncfsm__verifier *v) {
   if (!v->chan) return;
   atomic_fetch_or_explicit(&v->chan->att, IN_DONE, memory_order_relaxed);
-  ncfsm__loop_kick_async(v->c->loop);
+  ncfsm__comm_attend_async(v->c); /* from libevent's callbacks: without the loop's lock */
 }
 
 void ncfsm__vchan_polled(struct ncfsm__verifier *v) {
@@ -201,8 +203,12 @@ void ncfsm__vchan_polled(struct ncfsm__verifier *v) {
 void ncfsm__vchan_mark(struct ncfsm__verifier *v, bool work) {
   struct ncfsm__vchan *vc = v->chan;
   if (!vc || work == !!(atomic_load_explicit(&vc->att, memory_order_relaxed) & IN_WORK)) return;
-  if (work) atomic_fetch_or_explicit(&vc->att, IN_WORK, memory_order_relaxed);
-  else atomic_fetch_and_explicit(&vc->att, ~IN_WORK, memory_order_relaxed);
+  if (work) {
+    atomic_fetch_or_explicit(&vc->att, IN_WORK, memory_order_relaxed);
+    ncfsm__comm_enlist(v->c); /* the verifier's hooks hold the loop's lock */
+  } else {
+    atomic_fetch_and_explicit(&vc->att, ~IN_WORK, memory_order_relaxed);
+  }
 }
 
 /* The comm is in service (its id is the same on every rank now): open the
@@ -297,7 +303,7 @@ void ncfsm__vchan_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const 
   /* in a turn (the thread that runs the bootstrap's base): at once, before the program can
    * close the bootstrap; else at the next poll */
   if (ncfsm__loop_in_turn(c->loop)) post_failure(v);
-  else ncfsm__loop_kick_async(c->loop);
+  else ncfsm__comm_attend_async(c); /* its loop may sleep (a failure from the program's thread) */
 }
 
 static void post(struct ncfsm__verifier *v, const ncfsm_boot_notice *n) {

@@ -85,7 +85,16 @@ static lclique *lhead;
 
 static bool compare(struct ncfsm__verifier *v, char *what, size_t len);
 
-static void attend(lmember *m, unsigned bits) { atomic_fetch_or_explicit(&m->att, bits, memory_order_release); }
+/* m's verifier must look at bits: its comm is given a turn. held: the loop whose lock the
+ * caller holds (every caller is a hook or poll of a verifier). A member on that loop is
+ * enlisted at once; one on another loop goes through that loop's attention stack. A member
+ * not registered (m->v NULL, read under lmu or for the caller's own member) has no comm. */
+static void attend(lmember *m, unsigned bits, const ncfsm_loop *held) {
+  atomic_fetch_or_explicit(&m->att, bits, memory_order_release);
+  if (!m->v) return;
+  if (m->loop == held) ncfsm__comm_enlist(m->v->c);
+  else ncfsm__comm_attend_async(m->v->c);
+}
 
 /* ---- the registry ----------------------------------------------------------------------- */
 
@@ -131,7 +140,7 @@ static void reg(struct ncfsm__verifier *v) {
   lv->q = q;
   lv->rank = c->rank;
   c->verify_att = &q->m[c->rank].att; /* the engine's busy test reads it inline */
-  attend(&q->m[c->rank], ATT_OWN);    /* its first turn in service starts it */
+  attend(&q->m[c->rank], ATT_OWN, c->loop); /* its first turn in service starts it */
   lv->p2p_checked = calloc(2 * (size_t)c->nranks, sizeof *lv->p2p_checked); /* NULL: sends and receives unchecked */
   lv->me = &q->m[c->rank];
   if ((lv->others = malloc((size_t)(c->nranks - 1) * sizeof *lv->others)))
@@ -139,7 +148,7 @@ static void reg(struct ncfsm__verifier *v) {
       if (r != c->rank) lv->others[lv->nothers++] = &q->m[r];
   if (q->failed) { /* a peer failed before this rank registered */
     atomic_store(&q->m[c->rank].inbox, 1);
-    attend(&q->m[c->rank], ATT_INBOX);
+    attend(&q->m[c->rank], ATT_INBOX, c->loop);
   }
   pthread_mutex_unlock(&lmu);
 }
@@ -181,32 +190,47 @@ static bool is_p2p(const ncfsm_fingerprint_t *f) { return f->op == NCFSM_KIND_SE
 /* Five relaxed stores, written out: a loop of atomic stores is not unrolled,
  * and this is on every launch. */
 _Static_assert(FPW == 5, "put_words writes a fingerprint of five words");
+static inline __attribute__((always_inline)) uint64_t word(const ncfsm_fingerprint_t *f, int i) {
+  uint64_t x;
+  memcpy(&x, (const unsigned char *)f + 8 * i, sizeof x); /* one load each: no copy of the whole */
+  return x;
+}
 static inline __attribute__((always_inline)) void put_words(uint64_t *slot, const ncfsm_fingerprint_t *f) {
-  uint64_t w[FPW];
-  memcpy(w, f, sizeof w);
-  __atomic_store_n(&slot[0], w[0], __ATOMIC_RELAXED);
-  __atomic_store_n(&slot[1], w[1], __ATOMIC_RELAXED);
-  __atomic_store_n(&slot[2], w[2], __ATOMIC_RELAXED);
-  __atomic_store_n(&slot[3], w[3], __ATOMIC_RELAXED);
-  __atomic_store_n(&slot[4], w[4], __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[0], word(f, 0), __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[1], word(f, 1), __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[2], word(f, 2), __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[3], word(f, 3), __ATOMIC_RELAXED);
+  __atomic_store_n(&slot[4], word(f, 4), __ATOMIC_RELAXED);
+}
+
+/* A send or receive: published in its pair's ring, compared at a poll (out of line: it keeps
+ * the collectives' path below a leaf that saves no registers). */
+static __attribute__((noinline)) void launched_p2p(struct ncfsm__verifier *v, struct ncfsm__lv *lv, lmember *me,
+                                                   const ncfsm_work *w) {
+  int k = 2 * w->fp.peer + (w->fp.op == NCFSM_KIND_RECV);
+  pring *pr = atomic_load_explicit(&me->p2p[k], memory_order_acquire);
+  if (!pr) { /* its first with this peer (this rank is the ring's only writer) */
+    if (!(pr = calloc(1, sizeof *pr))) return; /* unverified: its peer's side finds nothing to compare */
+    atomic_store_explicit(&me->p2p[k], pr, memory_order_release);
+  }
+  put_words(pr->ring[w->fp.seq % PRING], &w->fp);
+  atomic_store_explicit(&pr->next, w->fp.seq + 1, memory_order_release);
+  lv->p2p_dirty = true;
+  attend(me, ATT_OWN, v->c->loop);
+}
+
+/* Its first launch registers it (out of line, as above). */
+static __attribute__((noinline)) bool launched_reg(struct ncfsm__verifier *v) {
+  reg(v);
+  return v->local->q != NULL;
 }
 
 void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
   struct ncfsm__lv *lv = v->local;
-  if (!lv->q) reg(v);
-  if (!lv->q) return;
+  if (__builtin_expect(!lv->q, 0) && !launched_reg(v)) return;
   lmember *me = lv->me;
   if (is_p2p(&w->fp)) {
-    int k = 2 * w->fp.peer + (w->fp.op == NCFSM_KIND_RECV);
-    pring *pr = atomic_load_explicit(&me->p2p[k], memory_order_acquire);
-    if (!pr) { /* its first with this peer (this rank is the ring's only writer) */
-      if (!(pr = calloc(1, sizeof *pr))) return; /* unverified: its peer's side finds nothing to compare */
-      atomic_store_explicit(&me->p2p[k], pr, memory_order_release);
-    }
-    put_words(pr->ring[w->fp.seq % PRING], &w->fp);
-    atomic_store_explicit(&pr->next, w->fp.seq + 1, memory_order_release);
-    lv->p2p_dirty = true;
-    attend(me, ATT_OWN);
+    launched_p2p(v, lv, me, w);
     return;
   }
   uint64_t sq = w->fp.seq, h = v->c->hash, *slot = me->ring[sq % LRING];
@@ -241,7 +265,7 @@ void ncfsm__vlocal_launched(struct ncfsm__verifier *v, const ncfsm_work *w) {
   }
   if (compare(v, lv->report, sizeof lv->report)) { /* the first seq that differs, field by field */
     lv->diverged = true; /* its next turn fails the comm (never inside a launch) */
-    attend(me, ATT_OWN);
+    attend(me, ATT_OWN, v->c->loop);
   }
 }
 
@@ -316,7 +340,7 @@ static bool compare(struct ncfsm__verifier *v, char *what, size_t len) {
     q->dseq = s - 1;
     snprintf(q->dreport, sizeof q->dreport, "%s", what);
     atomic_store_explicit(&q->diverged, 1, memory_order_release);
-    for (int r = 0; r < q->nranks; r++) attend(&q->m[r], ATT_DIVERGED);
+    for (int r = 0; r < q->nranks; r++) attend(&q->m[r], ATT_DIVERGED, v->c->loop);
   }
   pthread_mutex_unlock(&lmu);
 seen:
@@ -468,7 +492,7 @@ bool ncfsm__vlocal_busy(const struct ncfsm__verifier *v) {
 void ncfsm__vlocal_stall_due(struct ncfsm__verifier *v) {
   struct ncfsm__lv *lv = v->local;
   lv->stall_due = true;
-  if (lv->q) attend(&lv->q->m[lv->rank], ATT_OWN);
+  if (lv->q) attend(&lv->q->m[lv->rank], ATT_OWN, v->c->loop);
 }
 
 void ncfsm__vlocal_quiet(struct ncfsm__verifier *v) {
@@ -522,7 +546,7 @@ bool ncfsm__vlocal_poll(struct ncfsm__verifier *v, uint64_t now) {
       ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, lv->report);
       return true;
     }
-    attend(me, ATT_OWN); /* again at the next turn */
+    attend(me, ATT_OWN, v->c->loop); /* again at the next turn */
     return false;
   }
   /* a rank still behind compares at its own launch (this one's seqs were
@@ -532,7 +556,7 @@ bool ncfsm__vlocal_poll(struct ncfsm__verifier *v, uint64_t now) {
     ncfsm__verify_fire(v, NCFSM__VE_DIVERGED, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_MISMATCH, what);
     return true;
   }
-  if (lv->p2p_dirty) attend(me, ATT_OWN);
+  if (lv->p2p_dirty) attend(me, ATT_OWN, v->c->loop);
   if (stall && stalled(v, now, what, sizeof what)) {
     ncfsm__verify_fire(v, NCFSM__VE_STALLED, NCFSM_EV_TIMEOUT, NCFSM_ERR_TIMEOUT, what);
     return true;
@@ -555,14 +579,13 @@ void ncfsm__vlocal_failed(struct ncfsm__verifier *v, ncfsm_result_t cause, const
     q->fseq = v->c->coll_seq;
     q->fcause = cause;
     snprintf(q->fwhat, sizeof q->fwhat, "%s", what ? what : "");
-    /* each other rank applies it at its next turn: a rank on another loop
-     * is woken (under lmu: its loop outlives its registration); one on this
-     * loop is busy (its inbox) when this turn ends */
+    /* each other rank applies it at its next turn: its comm is enlisted, or
+     * pushed on its loop's attention stack and the loop woken (under lmu: a
+     * registered rank's comm and loop are alive) */
     for (int r = 0; r < q->nranks; r++) {
       if (r == lv->rank || !q->m[r].v) continue;
       atomic_store(&q->m[r].inbox, 1);
-      attend(&q->m[r], ATT_INBOX);
-      if (q->m[r].loop != v->c->loop) ncfsm__loop_kick_async(q->m[r].loop);
+      attend(&q->m[r], ATT_INBOX, v->c->loop);
     }
   }
   pthread_mutex_unlock(&lmu);
