@@ -125,19 +125,11 @@ static void on_queued(ncfsm_comm *c, ncfsm_work *w) {
   }
 }
 
-static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
-  struct ncfsm__verifier *v = ver(c);
-  if (v->local) {
-    ncfsm__vlocal_launched(v, w); /* every launch, in every state: its peers compare it */
-    return;
-  }
-  bool p2p = w->fp.op == NCFSM_KIND_SEND || w->fp.op == NCFSM_KIND_RECV;
-  if (!p2p && c->coll_seq < v->next_window) { /* the common case: no window due */
-    if (c->coll_seq == v->wc_arm) ncfsm__vchan_waits(v, true); /* rank 0's first launch after a check */
-    return;
-  }
-  /* in every state that still verifies (windows and sends are counted from seq 0 and queued
-   * until the channel runs: every rank posts every one) */
+/* A launch on a channel that starts a window or is a send/recv (out of line: the common
+ * case below stays a leaf). In every state that still verifies (windows and sends are counted
+ * from seq 0 and queued until the channel runs: every rank posts every one). */
+static __attribute__((noinline)) void launched_window(ncfsm_comm *c, struct ncfsm__verifier *v, ncfsm_work *w,
+                                                      bool p2p) {
   if (c->opts.verify != NCFSM_VERIFY_ASYNC || !polled(v) || v->state == NCFSM__VS_BROKEN) return;
   if (p2p) {
     ncfsm__vpairs_launched(v, w);
@@ -146,6 +138,20 @@ static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
     ncfsm__vasync_launched(v);
     if (v->vq_head && !c->verify_waits) mark(v); /* an exchange is out */
   }
+}
+
+static void on_launched(ncfsm_comm *c, ncfsm_work *w) {
+  struct ncfsm__verifier *v = ver(c);
+  if (v->local) {
+    ncfsm__vlocal_launched(v, w); /* every launch, in every state: its peers compare it */
+    return;
+  }
+  bool p2p = w->fp.op == NCFSM_KIND_SEND || w->fp.op == NCFSM_KIND_RECV;
+  if (__builtin_expect(!p2p && c->coll_seq < v->next_window, 1)) { /* the common case: no window due */
+    if (c->coll_seq == v->wc_arm) ncfsm__vchan_waits(v, true); /* rank 0's first launch after a check */
+    return;
+  }
+  launched_window(c, v, w, p2p);
 }
 
 static void on_forget(ncfsm_comm *c, ncfsm_work *w) {
