@@ -91,6 +91,8 @@ struct ncfsm_boot {
   uint64_t timeout_ms;
   uint64_t seq;      /* collectives posted so far */
   int live_reqs;     /* requests not yet freed */
+  struct ncfsm_boot_req *req_pool; /* freed requests kept with their events (boot.c req_new) */
+  int npool;
   ncfsm_result_t failed; /* sticky: once the channel failed, every later post fails */
   char err[NCFSM__BOOT_ERRLEN];
   void *impl;
@@ -156,6 +158,7 @@ struct ncfsm_boot_req {
   struct ncfsm_boot_req **subs; /* ROOTS: [nsubs] broadcasts */
   int nsubs, subs_done;
   struct ncfsm_boot_req *owner; /* a ROOTS' sub: the ROOTS request */
+  struct ncfsm_boot_req *pool_next; /* in b->req_pool */
 };
 
 extern const ncfsm__boot_ops ncfsm__boot_local_ops;

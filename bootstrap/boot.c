@@ -209,7 +209,10 @@ ncfsm_boot *ncfsm__boot_shell_new(struct event_base *base, const ncfsm__boot_ops
   return b;
 }
 
+static void req_pool_free(ncfsm_boot *b); /* the requests kept (below, with req_new) */
+
 void ncfsm__boot_shell_free(ncfsm_boot *b) {
+  req_pool_free(b);
   event_free(b->lost_ev);
   event_free(b->failed_ev);
   event_free(b->notice_ev);
@@ -411,21 +414,39 @@ void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st) {
   event_active(req->wake, 0, 0);
 }
 
+/* Freed requests are kept on their bootstrap, up to REQ_POOL, with their two events (not
+ * pending, their argument the request itself): a verifier posts an allgather every window, and
+ * making and freeing a request's events cost more than the rest of its post. A kept request has
+ * the dead magic, as a freed one, until it is handed out again. */
+#define REQ_POOL 8
+
+static void req_free_events(ncfsm_boot_req *req) {
+  if (req->wake) event_free(req->wake);
+  if (req->timer) event_free(req->timer);
+  free(req);
+}
+
 static ncfsm_boot_req *req_new(ncfsm_boot *b, int kind) {
-  ncfsm_boot_req *req = calloc(1, sizeof *req);
-  if (!req) return NULL;
+  ncfsm_boot_req *req = b->req_pool;
+  if (req) {
+    b->req_pool = req->pool_next;
+    b->npool--;
+    struct event *wake = req->wake, *timer = req->timer;
+    *req = (ncfsm_boot_req){.wake = wake, .timer = timer};
+  } else if ((req = calloc(1, sizeof *req))) {
+    req->wake = event_new(b->base, -1, 0, req_wake_cb, req);
+    req->timer = evtimer_new(b->base, req_timeout_cb, req);
+  } else {
+    return NULL;
+  }
   req->magic = NCFSM__BOOT_REQ_MAGIC;
   req->b = b;
   req->kind = kind;
   req->status = NCFSM_ERR_AGAIN;
-  req->wake = event_new(b->base, -1, 0, req_wake_cb, req);
-  req->timer = evtimer_new(b->base, req_timeout_cb, req);
   if (kind == NCFSM__REQ_AGREE) req->alive = calloc((size_t)b->size, 1);
   if (!req->wake || !req->timer || (kind == NCFSM__REQ_AGREE && !req->alive)) {
-    if (req->wake) event_free(req->wake);
-    if (req->timer) event_free(req->timer);
     free(req->alive);
-    free(req);
+    req_free_events(req);
     return NULL;
   }
   uint64_t ms = b->timeout_ms + (kind == NCFSM__REQ_AGREE ? b->ops->agree_grace_ms : 0);
@@ -435,12 +456,28 @@ static ncfsm_boot_req *req_new(ncfsm_boot *b, int kind) {
 }
 
 static void req_destroy(ncfsm_boot_req *req) {
+  ncfsm_boot *b = req->b;
   free(req->subs);
-  event_free(req->timer);
-  event_free(req->wake); /* also removes it from the active queue */
-  req->magic = NCFSM__BOOT_DEAD_MAGIC;
   free(req->alive);
-  free(req);
+  req->magic = NCFSM__BOOT_DEAD_MAGIC;
+  if (b->npool < REQ_POOL) {
+    if (req->status == NCFSM_ERR_AGAIN) event_del(req->timer); /* a finished one's went at its finish */
+    event_del(req->wake); /* also off the active queue */
+    req->pool_next = b->req_pool;
+    b->req_pool = req;
+    b->npool++;
+    return;
+  }
+  req_free_events(req); /* event_free also takes it off the active queue */
+}
+
+static void req_pool_free(ncfsm_boot *b) {
+  while (b->req_pool) {
+    ncfsm_boot_req *req = b->req_pool;
+    b->req_pool = req->pool_next;
+    req_free_events(req);
+  }
+  b->npool = 0;
 }
 
 ncfsm_result_t ncfsm_boot_allgather_post(ncfsm_boot *b, const void *send, void *recv, size_t len,
