@@ -107,7 +107,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   w->refs = w->user_refs + 1; /* the engine's: until the callback ran */
   w->comm = c;
   w->op = *o;
-  ncfsm__work_spans(w);
+  w->nspan = -1; /* its R12 ranges: at their first use (fsm/ranges.c) */
   w->status = NCFSM_ERR_AGAIN;
   w->cb = cb;
   w->arg = arg;
