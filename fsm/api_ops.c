@@ -85,8 +85,9 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   ncfsm_loop *loop = c->loop;
   NCFSM__LOCK(loop);
   ncfsm_result_t r = NCFSM_OK;
-  /* the cell's guards too: GROUP_THREAD (R3, R9), SIZED (a split child) */
-  if (ncfsm__check_legal(c, call, &r) == NCFSM_REJECT) {
+  /* the cell's guards too: GROUP_THREAD (R3, R9), SIZED (a split child);
+   * the table only when the fast path cannot say (fsm/tables.h) */
+  if (!ncfsm__legal_fast(c->state, call, c->ngroup, c->nranks) && ncfsm__check_legal(c, call, &r) == NCFSM_REJECT) {
     NCFSM__UNLOCK(loop);
     return r;
   }
@@ -106,7 +107,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   w->refs = w->user_refs + 1; /* the engine's: until the callback ran */
   w->comm = c;
   w->op = *o;
-  ncfsm__work_spans(w);
+  w->nspan = -1; /* its R12 ranges: at their first use (fsm/ranges.c) */
   w->status = NCFSM_ERR_AGAIN;
   w->cb = cb;
   w->arg = arg;

@@ -124,6 +124,16 @@ bool ncfsm__comm_can_fire(const ncfsm_comm *c, ncfsm_event_t ev) {
 
 /* ---- legality ------------------------------------------------------------------------ */
 
+#define NCFSM_G(g) (1ull << NCFSM__CG_##g)
+#define FAST_GUARDS (NCFSM_G(GROUP_THREAD) | NCFSM_G(SIZED))
+const unsigned char ncfsm__comm_fast[NCFSM_STATE_COUNT][NCFSM_CALL_COUNT] = {
+#define NCFSM_RULE(s, c, d, g, r, h) \
+  [NCFSM_STATE_##s][NCFSM_CALL_##c] = NCFSM_##d != NCFSM_REJECT && ((g) & ~FAST_GUARDS) == 0,
+#include "fsm/comm.def"
+};
+#undef FAST_GUARDS
+#undef NCFSM_G
+
 ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why) {
   const char *rule, *hint;
   ncfsm_state_t s = (ncfsm_state_t)c->state;

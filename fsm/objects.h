@@ -107,8 +107,8 @@ struct ncfsm_work {
   ncfsm_comm *comm;
   ncfsm__op op;
   ncfsm_fingerprint_t fp;
-  ncfsm__span span[2]; /* computed at submit */
-  int nspan;
+  ncfsm__span span[2]; /* computed at the first R12 check that needs them (fsm/ranges.c) */
+  int nspan;           /* -1 until then: a batch launched alone needs none */
   ncfsm_result_t status;
   ncfsm_work_cb cb;
   void *arg;
@@ -522,7 +522,6 @@ void ncfsm__spanset_reset(ncfsm__spanset *ss);
 /* Would batch b overlap (R12) what this launch already took? If not, its
  * ranges are taken. */
 bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b);
-void ncfsm__work_spans(ncfsm_work *w); /* fills w->span from w->op */
 /* R12: the first pair of works in list (linked through bnext) on one comm
  * whose buffers overlap where one writes; false when none. */
 bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y);

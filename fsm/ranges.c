@@ -155,7 +155,40 @@ static void spanset_insert_work(ncfsm__spanset *ss, const ncfsm_work *w) {
   ss->works[ss->nworks++] = w;
 }
 
+/* Bytes each buffer of an op touches on this rank. */
+static void work_spans(ncfsm_work *w) {
+  const ncfsm__op *o = &w->op;
+  size_t es = ncfsm_dtype_size(o->dtype), nr = (size_t)w->comm->nranks;
+  size_t in = o->count * es, out = o->count * es;
+  bool is_root = w->comm->rank == o->root;
+  switch (o->kind) {
+    case NCFSM_KIND_ALLGATHER: out *= nr; break;
+    case NCFSM_KIND_REDUCESCATTER: in *= nr; break;
+    case NCFSM_KIND_ALLTOALL: in *= nr; out *= nr; break;
+    case NCFSM_KIND_GATHER: out = is_root ? out * nr : 0; break;
+    case NCFSM_KIND_SCATTER: in = is_root ? in * nr : 0; break;
+    case NCFSM_KIND_REDUCE: out = is_root ? out : 0; break;
+    case NCFSM_KIND_BROADCAST: in = is_root ? in : 0; break;
+    case NCFSM_KIND_SEND: out = 0; break;
+    case NCFSM_KIND_RECV: in = 0; break;
+    default: break;
+  }
+  w->nspan = 0;
+  /* In place (the same bytes read and written): one written range, which
+   * overlaps exactly what the pair would (a write conflicts with any access). */
+  if (in && o->send && !(out && o->recv == o->send && out == in))
+    w->span[w->nspan++] = (ncfsm__span){(uintptr_t)o->send, (uintptr_t)o->send + in, false};
+  if (out && o->recv) w->span[w->nspan++] = (ncfsm__span){(uintptr_t)o->recv, (uintptr_t)o->recv + out, true};
+}
+
+/* w's ranges, computed at their first use: a work's op does not change
+ * after its submission, so this is what the submission would have computed. */
+static inline void need_spans(ncfsm_work *w) {
+  if (w->nspan < 0) work_spans(w);
+}
+
 bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b) {
+  for (ncfsm_work *w = b->head; w; w = w->bnext) need_spans(w); /* the lazy batch's too: they came this way */
   if (!ss->lazy_head && ss->nworks == 0) {
     ss->lazy_head = b->head;
     ss->lazy_tail = b->tail;
@@ -223,32 +256,6 @@ void ncfsm__spanset_reset(ncfsm__spanset *ss) {
 
 /* ---- R12 overlap detection ---------------------------------------------------------- */
 
-/* Bytes each buffer of an op touches on this rank. */
-void ncfsm__work_spans(ncfsm_work *w) {
-  const ncfsm__op *o = &w->op;
-  size_t es = ncfsm_dtype_size(o->dtype), nr = (size_t)w->comm->nranks;
-  size_t in = o->count * es, out = o->count * es;
-  bool is_root = w->comm->rank == o->root;
-  switch (o->kind) {
-    case NCFSM_KIND_ALLGATHER: out *= nr; break;
-    case NCFSM_KIND_REDUCESCATTER: in *= nr; break;
-    case NCFSM_KIND_ALLTOALL: in *= nr; out *= nr; break;
-    case NCFSM_KIND_GATHER: out = is_root ? out * nr : 0; break;
-    case NCFSM_KIND_SCATTER: in = is_root ? in * nr : 0; break;
-    case NCFSM_KIND_REDUCE: out = is_root ? out : 0; break;
-    case NCFSM_KIND_BROADCAST: in = is_root ? in : 0; break;
-    case NCFSM_KIND_SEND: out = 0; break;
-    case NCFSM_KIND_RECV: in = 0; break;
-    default: break;
-  }
-  w->nspan = 0;
-  /* In place (the same bytes read and written): one written range, which
-   * overlaps exactly what the pair would (a write conflicts with any access). */
-  if (in && o->send && !(out && o->recv == o->send && out == in))
-    w->span[w->nspan++] = (ncfsm__span){(uintptr_t)o->send, (uintptr_t)o->send + in, false};
-  if (out && o->recv) w->span[w->nspan++] = (ncfsm__span){(uintptr_t)o->recv, (uintptr_t)o->recv + out, true};
-}
-
 typedef struct {
   ncfsm__span s;
   ncfsm_work *w;
@@ -262,7 +269,10 @@ static int span_cmp(const void *a, const void *b) {
 bool ncfsm__find_overlap(ncfsm_work *list, ncfsm_work **x, ncfsm_work **y) {
   if (!list || !list->bnext) return false; /* one op overlaps nothing (a group of one, every ungrouped op) */
   int n = 0;
-  for (ncfsm_work *w = list; w; w = w->bnext) n += 2;
+  for (ncfsm_work *w = list; w; w = w->bnext) {
+    need_spans(w);
+    n += 2;
+  }
   if (n <= 2) return false;
   span stack[64], *s = n <= 64 ? stack : malloc((size_t)n * sizeof *s);
   if (!s) return false;

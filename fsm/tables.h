@@ -59,6 +59,21 @@ typedef struct ncfsm__cell {
 extern const ncfsm__machine ncfsm__m_comm;
 extern const ncfsm__comm_state_cols ncfsm__comm_cols[NCFSM_STATE_COUNT];
 extern const ncfsm__cell ncfsm__comm_cells[NCFSM_STATE_COUNT][NCFSM_CALL_COUNT];
+
+/* Legality's fast path (fsm/comm_fsm.c, from the same NCFSM_RULE lines as
+ * the cells): 1 where the cell accepts the call (ALLOW or DEFER) and its
+ * guards are among GROUP_THREAD and SIZED, which both hold when the comm has
+ * no op in the open group and knows its size. */
+extern const unsigned char ncfsm__comm_fast[NCFSM_STATE_COUNT][NCFSM_CALL_COUNT];
+
+/* True only where the table accepts the call without a side effect: the
+ * cell is fast and ngroup == 0 (GROUP_THREAD: ngroup == 0 || owner) and
+ * nranks > 0 (SIZED). False says nothing: the caller asks the table
+ * (ncfsm__check_legal), which names the rule and hint of a refusal.
+ * tests/unit/test_hotpath.c checks it against the table in every state. */
+static inline bool ncfsm__legal_fast(unsigned state, ncfsm_call_t call, int ngroup, int nranks) {
+  return ncfsm__comm_fast[state][call] && ngroup == 0 && nranks > 0;
+}
 extern const struct ncfsm__state_hint { const char *rule, *hint; } ncfsm__comm_hints[NCFSM_STATE_COUNT];
 extern const char *const ncfsm__comm_call_fns[NCFSM_CALL_COUNT];
 extern const unsigned ncfsm__state_flag_tab[NCFSM_STATE_COUNT];

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm/objects.h"
+#include "fsm/engine.h"
 #include "helpers.h"
 #include "ncfsm/introspect.h"
 
@@ -208,6 +208,64 @@ static void test_turn_clock_outside_turns(void **state) {
   teardown_all(loop, c, 1);
 }
 
+/* ---- legality's fast path against the table ------------------------------------------- */
+
+/* ncfsm__comm_fast (fsm/comm_fsm.c) is expanded from comm.def apart from the
+ * cells (fsm/tables.c): each of its cells is set exactly where the table's
+ * cell accepts with guards among GROUP_THREAD and SIZED; and wherever
+ * ncfsm__legal_fast says yes, ncfsm__check_legal accepts, in every state, for
+ * a comm with or without ops in a group (owned by this thread or not) and
+ * with or without its size. */
+static void test_legal_fast_matches_table(void **state) {
+  (void)state;
+  const unsigned long long fast_guards = (1ull << NCFSM__CG_GROUP_THREAD) | (1ull << NCFSM__CG_SIZED);
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = ready_comms(1, c);
+  pthread_mutex_lock(&loop->mu);
+  unsigned state0 = c[0]->state;
+  int ngroup0 = c[0]->ngroup, nranks0 = c[0]->nranks, depth0 = loop->group_depth;
+  pthread_t owner0 = loop->group_owner;
+  long fast = 0, checked = 0;
+  for (unsigned s = 0; s < NCFSM_STATE_COUNT; s++)
+    for (unsigned k = 0; k < NCFSM_CALL_COUNT; k++) {
+      const ncfsm__cell *cl = &ncfsm__comm_cells[s][k];
+      bool want = cl->listed && cl->decision != NCFSM_REJECT && !(cl->guards & ~fast_guards);
+      if (ncfsm__comm_fast[s][k] != want)
+        fail_msg("fast cell %s/%s is %d, the table's cell says %d", ncfsm_state_name((ncfsm_state_t)s),
+                 ncfsm_call_fn((ncfsm_call_t)k), ncfsm__comm_fast[s][k], want);
+      fast += want;
+      for (int v = 0; v < 8; v++) {
+        int ngroup = v & 1, nranks = v & 2 ? 2 : 0;
+        bool owned = v & 4;
+        if (!ncfsm__legal_fast(s, (ncfsm_call_t)k, ngroup, nranks)) continue;
+        c[0]->state = s;
+        c[0]->ngroup = ngroup;
+        c[0]->nranks = nranks;
+        loop->group_depth = owned ? 1 : 0;
+        loop->group_owner = pthread_self();
+        ncfsm_result_t r = NCFSM_OK;
+        if (ncfsm__check_legal(c[0], (ncfsm_call_t)k, &r) == NCFSM_REJECT)
+          fail_msg("the fast path accepts %s in %s (ngroup %d, nranks %d), the table refuses: %s",
+                   ncfsm_call_fn((ncfsm_call_t)k), ncfsm_state_name((ncfsm_state_t)s), ngroup, nranks,
+                   ncfsm_err_name(r));
+        checked++;
+      }
+    }
+  c[0]->state = state0;
+  c[0]->ngroup = ngroup0;
+  c[0]->nranks = nranks0;
+  loop->group_depth = depth0;
+  loop->group_owner = owner0;
+  pthread_mutex_unlock(&loop->mu);
+  assert_true(ncfsm__legal_fast(NCFSM_STATE_READY, NCFSM_CALL_ALLREDUCE, 0, 1)); /* the common case is fast */
+  assert_true(ncfsm__legal_fast(NCFSM_STATE_READY, NCFSM_CALL_SEND, 0, 1));
+  assert_false(ncfsm__legal_fast(NCFSM_STATE_READY, NCFSM_CALL_ALLREDUCE, 1, 1)); /* GROUP_THREAD: the table asks */
+  assert_false(ncfsm__legal_fast(NCFSM_STATE_READY, NCFSM_CALL_BROADCAST, 0, 0)); /* SIZED */
+  assert_false(ncfsm__legal_fast(NCFSM_STATE_READY, NCFSM_CALL_FINALIZE, 0, 1)); /* NO_GROUP_OPS: not fast */
+  assert_true(fast > 0 && checked >= fast);
+  teardown_all(loop, c, 1);
+}
+
 /* After a peak of works, the pool keeps them while the loop is busy and gives
  * all but its keep back once no work was allocated for its idle bound. */
 static void test_pool_returns_after_idle(void **state) {
@@ -252,6 +310,7 @@ int main(void) {
       cmocka_unit_test(test_active_list),
       cmocka_unit_test(test_pool_returns_after_idle),
       cmocka_unit_test(test_turn_clock_outside_turns),
+      cmocka_unit_test(test_legal_fast_matches_table),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
