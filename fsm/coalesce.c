@@ -8,9 +8,9 @@ void ncfsm__coalesce_init(ncfsm__coalesce *co, unsigned coalesce_max) {
   *co = (ncfsm__coalesce){.cap = coalesce_max ? coalesce_max : NCFSM__COALESCE_START, .adaptive = !coalesce_max};
 }
 
-unsigned ncfsm__coalesce_begin(ncfsm__coalesce *co, unsigned step, bool *timed) {
+unsigned ncfsm__coalesce_auto_begin(ncfsm__coalesce *co, unsigned step, bool *timed) {
   uint64_t i = co->launches++;
-  *timed = co->adaptive && i % NCFSM__COALESCE_EVERY == 0;
+  *timed = i % NCFSM__COALESCE_EVERY == 0;
   if (!*timed || i / NCFSM__COALESCE_EVERY % NCFSM__COALESCE_PROBE != NCFSM__COALESCE_PROBE - 1) return co->cap;
   if (co->cap / 2 >= 2 * step) return co->cap / 2;
   return co->cap * 2 < NCFSM__COALESCE_HI ? co->cap * 2 : NCFSM__COALESCE_HI;

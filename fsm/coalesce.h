@@ -49,7 +49,12 @@ void ncfsm__coalesce_init(ncfsm__coalesce *co, unsigned coalesce_max);
  * NCFSM__COALESCE_PROBE-th timed launch is a probe of a second size: half
  * the cap, or twice it (at most NCFSM__COALESCE_HI) where half could not
  * hold two instances. */
-unsigned ncfsm__coalesce_begin(ncfsm__coalesce *co, unsigned step, bool *timed);
+unsigned ncfsm__coalesce_auto_begin(ncfsm__coalesce *co, unsigned step, bool *timed);
+static inline unsigned ncfsm__coalesce_begin(ncfsm__coalesce *co, unsigned step, bool *timed) {
+  if (co->adaptive) return ncfsm__coalesce_auto_begin(co, step, timed);
+  *timed = false; /* pinned: a load and a branch */
+  return co->cap;
+}
 
 /* A coalesced launch of nops ops took ns: folded into the sums, refitted,
  * and the cap moved toward the rule's choice (at most doubled or halved). */
