@@ -8,7 +8,9 @@
 #define _GNU_SOURCE
 #include "engine_modes.h"
 
+#include <jansson.h>
 #include <ncfsm/bootstrap.h>
+#include <ncfsm/introspect.h>
 
 #include <malloc.h>
 #include <pthread.h>
@@ -43,11 +45,13 @@ static int fail(const char *what, ncfsm_result_t r) {
   return -1;
 }
 
+/* coalesce_max: 0 keeps the default (NCFSM_COALESCE_MAX); CAP_AUTO is auto. */
+#define CAP_AUTO UINT32_MAX
 static int new_loop(unsigned coalesce_max, ncfsm_loop **out) {
   ncfsm_loop_opts lo;
   ncfsm_result_t r = ncfsm_loop_opts_init(&lo);
   if (r != NCFSM_OK) return fail("ncfsm_loop_opts_init", r);
-  if (coalesce_max) lo.coalesce_max = coalesce_max;
+  if (coalesce_max) lo.coalesce_max = coalesce_max == CAP_AUTO ? 0 : coalesce_max;
   r = ncfsm_loop_new(&lo, out);
   return r == NCFSM_OK ? 0 : fail("ncfsm_loop_new", r);
 }
@@ -246,6 +250,8 @@ static long pairs_rr(em_bench *b, long n) {
 /* ---- issue 2's patterns on one comm --------------------------------------------------- */
 
 static int setup_one(em_bench *b) { return open_bench(b, 0, 1, 64); }
+/* coalesce: the cap pinned at 64, whatever the default is (the figures of docs/benchmarks.md) */
+static int setup_cap64(em_bench *b) { return open_bench(b, 64, 1, 64); }
 
 static long pingpong(em_bench *b, long n) {
   ncfsm_comm *c = b->comms[0];
@@ -269,6 +275,38 @@ static long coalesce(em_bench *b, long n) {
   for (long i = 0; i < n; i++)
     if (submit(c, slot(b, i & 63), 1, NULL)) return -1;
   return run_loop(b->loop) ? -1 : n;
+}
+
+/* ---- the coalescing cap chosen (auto) against 64 --------------------------------------- */
+
+/* The measured loop with the cap auto; the reference (not under callgrind:
+ * the mode coalesce is that) a loop with the cap pinned at 64. */
+static int setup_auto(em_bench *b) {
+  if (open_bench(b, CAP_AUTO, 1, 64)) return -1;
+  if (b->callgrind) return 0;
+  if (new_loop(64, &b->ref_loop) || new_comm(b->ref_loop, 1, &b->ref_comm)) return -1;
+  ncfsm_result_t r = ncfsm_comm_wait_state(b->ref_comm, NCFSM_STATE_READY, 10000);
+  return r == NCFSM_OK ? 0 : fail("ncfsm_comm_wait_state(READY)", r);
+}
+
+static long coalesce_ref(em_bench *b, long n) {
+  for (long i = 0; i < n; i++)
+    if (submit(b->ref_comm, b->bufs + 16 * (i & 63), 1, NULL)) return -1;
+  return run_loop(b->ref_loop) ? -1 : n;
+}
+
+/* What auto chose: the loop's /status member loop.coalesce. */
+static void auto_after(em_bench *b) {
+  json_t *st = NULL;
+  if (ncfsm_loop_status(b->loop, NULL, &st) != NCFSM_OK) return;
+  json_t *co = json_object_get(json_object_get(st, "loop"), "coalesce");
+  json_t *fx = json_object_get(co, "fixed_ns"), *po = json_object_get(co, "per_op_ns");
+  snprintf(b->report, sizeof b->report,
+           "  coalesce %s: cap %lld, launch cost fixed %.0f ns + %.1f ns per op (%lld launches measured)\n",
+           json_string_value(json_object_get(co, "mode")), (long long)json_integer_value(json_object_get(co, "cap")),
+           json_is_number(fx) ? json_number_value(fx) : -1.0, json_is_number(po) ? json_number_value(po) : -1.0,
+           (long long)json_integer_value(json_object_get(co, "measured")));
+  json_decref(st);
 }
 
 /* ---- N comms on one loop -------------------------------------------------------------- */
@@ -533,7 +571,10 @@ static const long n_comms[] = {1, 8, 64, 512, 0}, n_works[] = {1, 8, 64, 4096, 0
 const em_mode em_modes[] = {
     {"pingpong", "submit one op, run the loop until it completes", ONE, .run = pingpong},
     {"burst", "submit n ops on one buffer, then run (one launch each)", ONE, .run = burst},
-    {"coalesce", "submit n ops over 64 buffers, then run (64 per launch)", ONE, .run = coalesce},
+    {"coalesce", "submit n ops over 64 buffers, then run (64 per launch)", .warm = 1, .setup = setup_cap64,
+     .run = coalesce},
+    {"coalesce-auto", "coalesce with the cap auto; .64: coalesce (cap 64), same run", .warm = 1,
+     .setup = setup_auto, .run = coalesce, .run_ref = coalesce_ref, .ref_suffix = ".64", .after = auto_after},
     {"rr", "N comms: pingpong across them in turn", 1, 4096, n_comms, .warm = 1, .setup = setup_comms,
      .run = comms_rr},
     {"each", "N comms: one op on every comm, then run", 1, 4096, n_comms, .warm = 1, .setup = setup_comms,

@@ -40,6 +40,7 @@ typedef struct em_mode {
   int (*setup)(em_bench *b);
   long (*run)(em_bench *b, long n);
   long (*run_ref)(em_bench *b, long n); /* measured in the same run for a wall-time ratio, or NULL */
+  const char *ref_suffix;               /* the reference's row: the mode's name and this (NULL: ".self") */
   void (*after)(em_bench *b);           /* after the measured run, not measured (memory: idle), or NULL */
 } em_mode;
 

@@ -6,8 +6,9 @@
  *   engine_overhead [ops-per-run] [runs]       pingpong, burst, coalesce: ns/op, median of runs
  *   valgrind --tool=callgrind --collect-atstart=no engine_overhead --callgrind
  *                                              the same three: instructions for a measured block
- *   engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] MODE...
- *                                              the modes named (engine_overhead --list)
+ *   engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] [--backend null|sim] MODE...
+ *                                              the modes named (engine_overhead --list); --backend sim:
+ *                                              the same on the sim (a model with costs of its own)
  *
  * Issue 2's three patterns (one comm):
  *   pingpong  submit one op, run the loop until it completes (the latency path)
@@ -50,6 +51,7 @@ typedef struct bench_args {
   int callgrind;
   int legacy;  /* issue 2's command line: its output format */
   long idle_ms;
+  const char *backend; /* null (the engine's cost alone), or sim (--backend sim) */
 } bench_args;
 
 typedef struct stats {
@@ -115,7 +117,7 @@ static int timed_runs(const bench_args *a, const em_mode *m, em_bench *b, const 
   row(a, name, s, ops);
   if (m->run_ref) {
     char rname[80];
-    snprintf(rname, sizeof rname, "%s.self", name);
+    snprintf(rname, sizeof rname, "%s%s", name, m->ref_suffix ? m->ref_suffix : ".self");
     stats sr = summarize(tr, runs);
     row(a, rname, sr, rops);
     printf("  ratio %s %.3f (wall time per op, %s / %s: medians of %d alternating runs)\n", name, s.med / sr.med,
@@ -152,7 +154,7 @@ static int usage(const char *why) {
           "engine_overhead: %s\n"
           "usage: engine_overhead [ops-per-run] [runs]                      pingpong, burst, coalesce (ns/op)\n"
           "       engine_overhead --callgrind                               the same, 10,000 ops each, under callgrind\n"
-          "       engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] MODE...\n"
+          "       engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] [--backend null|sim] MODE...\n"
           "       engine_overhead --list                                    the modes, one a line\n",
           why);
   return 2;
@@ -167,7 +169,7 @@ static int number(const char *s, long lo, long hi, long *out) {
 }
 
 int main(int argc, char **argv) {
-  bench_args a = {.ops = 0, .runs = 9, .idle_ms = 1000};
+  bench_args a = {.ops = 0, .runs = 9, .idle_ms = 1000, .backend = "null"};
   const char *names[256];
   int nnames = 0, legacy_pos = 0;
   char why[160];
@@ -179,6 +181,10 @@ int main(int argc, char **argv) {
       return 0;
     } else if (!strcmp(s, "--callgrind")) {
       a.callgrind = 1;
+    } else if (!strcmp(s, "--backend")) {
+      if (i + 1 >= argc || (strcmp(argv[i + 1], "null") && strcmp(argv[i + 1], "sim")))
+        return usage("--backend needs null or sim");
+      a.backend = argv[++i];
     } else if (!strcmp(s, "--ops") || !strcmp(s, "--runs") || !strcmp(s, "--idle-ms")) {
       long hi = !strcmp(s, "--runs") ? MAX_RUNS : 1L << 30;
       if (i + 1 >= argc || number(argv[i + 1], !strcmp(s, "--idle-ms") ? 0 : 1, hi, &v)) {
@@ -212,7 +218,7 @@ int main(int argc, char **argv) {
   if (a.legacy)
     for (int i = 0; i < 3; i++) names[nnames++] = legacy_names[i];
   if (!a.ops) a.ops = a.legacy && !a.callgrind ? 100000 : 10000; /* issue 2's: 100,000 timed, 10,000 in callgrind */
-  setenv("NCFSM_BACKEND", "null", 1);
+  setenv("NCFSM_BACKEND", a.backend, 1);
 
   const em_mode *modes[256];
   long params[256];
@@ -224,8 +230,8 @@ int main(int argc, char **argv) {
       printf("%-10s %10s %12s %12s   (%d runs of %ld ops, null backend)\n", "pattern", "ns/op", "min", "max",
              a.runs, a.ops);
     else
-      printf("%-16s %10s %12s %12s %10s   (%d runs of about %ld ops, memory-P one of P; null backend)\n", "mode",
-             "ns/op", "min", "max", "ops", a.runs, a.ops);
+      printf("%-16s %10s %12s %12s %10s   (%d runs of about %ld ops, memory-P one of P; %s backend)\n", "mode",
+             "ns/op", "min", "max", "ops", a.runs, a.ops, a.backend);
     fflush(stdout);
   }
   int failed = 0;

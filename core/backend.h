@@ -153,6 +153,10 @@ typedef struct ncfsm__backend {
 
 extern const ncfsm__backend ncfsm__backend_sim;
 extern const ncfsm__backend ncfsm__backend_null; /* benchmarks: zero-cost ops */
+/* Tests only: every null group end spins this many ns (0, the default: none),
+ * a launch made expensive (tests/unit/test_coalesce.c); set it while no loop
+ * thread runs. */
+extern uint64_t ncfsm__null_group_end_ns;
 #ifdef NCFSM_HAVE_NCCL
 extern const ncfsm__backend ncfsm__backend_nccl;
 #endif

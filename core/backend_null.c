@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/log.h"
 
 static int n_open(char *why, size_t len) { (void)why; (void)len; return 0; }
 static int n_version(void) { return 22809; }
@@ -20,6 +21,13 @@ static int n_init(void **bc, int nranks, const ncfsm_unique_id *id, int rank, co
 }
 static int n_async(void *bc, int *st) { (void)bc; *st = NCFSM__NCCL_SUCCESS; return 0; }
 static int n_void(void) { return 0; }
+uint64_t ncfsm__null_group_end_ns;
+static int n_group_end(void) {
+  uint64_t ns = ncfsm__null_group_end_ns;
+  for (uint64_t t0 = ns ? ncfsm__now_ns() : 0; ns && ncfsm__now_ns() - t0 < ns;) {
+  }
+  return 0;
+}
 static int n_op(void *bc, const ncfsm__op *op) { (void)bc; (void)op; return 0; }
 static int n_free(void *bc) { free(bc); return 0; }
 static int n_revoke(void *bc, int flags) { (void)bc; (void)flags; return 0; }
@@ -37,7 +45,7 @@ static int n_devs(void) { return 0; }
 const ncfsm__backend ncfsm__backend_null = {
     .name = "null", .kind = NCFSM_BACKEND_SIM, .open = n_open, .version = n_version,
     .features = n_features, .get_unique_id = n_uid, .comm_init = n_init, .get_async_error = n_async,
-    .group_start = n_void, .group_end = n_void, .op = n_op, .finalize = n_free, .destroy = n_free,
+    .group_start = n_void, .group_end = n_group_end, .op = n_op, .finalize = n_free, .destroy = n_free,
     .abort = n_free, .revoke = n_revoke, .last_error = n_last, .stream_create = n_screate,
     .stream_destroy = n_sfree, .stream_device = n_sdev, .event_create = n_ecreate,
     .event_record = n_erecord, .event_query = n_equery, .event_elapsed_ms = n_elapsed,

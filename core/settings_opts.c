@@ -150,6 +150,7 @@ static ncfsm_result_t check(ncfsm__opts_struct st, const void *base, const char 
       snprintf(val, sizeof val, "%" PRId64, i);
     } else {
       if (u >= (uint64_t)s->min && u <= s->max) continue;
+      if (u == 0 && s->words) continue; /* the row's word (core/settings.def) */
       ncfsm__setting_accepted(s, acc, sizeof acc);
       snprintf(val, sizeof val, "%" PRIu64, u);
     }

@@ -51,6 +51,7 @@ typedef struct snap {
   int group_depth, nqueued, ncomms;
   ncfsm__pool_stats pool;
   int works_free; /* works on the loop's free list */
+  ncfsm__coalesce co; /* the coalescing cap and its fit */
   snap_comm *comms;
   ncfsm__rec_entry *tails; /* storage of every comm's tail */
 } snap;
@@ -146,6 +147,7 @@ static ncfsm_result_t snap_take(ncfsm_loop *loop, unsigned tail_max, snap *s) {
   s->nqueued = loop->nqueued;
   s->pool = loop->pool;
   s->works_free = loop->nfree;
+  s->co = loop->co;
   int n = 0;
   for (const ncfsm_comm *c = loop->comms; c; c = c->next) n++;
   s->comms = n ? calloc((size_t)n, sizeof *s->comms) : NULL;
@@ -314,6 +316,18 @@ static json_t *comm_json(const snap_comm *s, uint64_t now) {
   return o;
 }
 
+/* The cap and, under auto, the fitted launch costs (null before a fit). */
+static json_t *coalesce_json(const ncfsm__coalesce *co) {
+  json_t *o = json_object();
+  bool fit = co->adaptive && co->fitted;
+  json_object_set_new(o, "mode", json_string(co->adaptive ? "auto" : "fixed"));
+  json_object_set_new(o, "cap", json_integer(co->cap));
+  json_object_set_new(o, "fixed_ns", fit ? json_real(co->fixed_ns) : json_null());
+  json_object_set_new(o, "per_op_ns", fit ? json_real(co->per_op_ns) : json_null());
+  json_object_set_new(o, "measured", json_integer((json_int_t)co->samples));
+  return o;
+}
+
 static json_t *status_json(const snap *s) {
   json_t *root = json_object();
   if (!root) return NULL;
@@ -346,6 +360,7 @@ static json_t *status_json(const snap *s) {
   }
   json_object_set_new(loop, "transitions", json_integer((json_int_t)tr));
   json_object_set_new(loop, "rejected_calls", json_integer((json_int_t)rej));
+  json_object_set_new(loop, "coalesce", coalesce_json(&s->co));
   json_object_set_new(root, "loop", loop);
   json_t *comms = json_array();
   for (int i = 0; i < s->ncomms; i++) json_array_append_new(comms, comm_json(&s->comms[i], s->now_ns));
@@ -447,6 +462,25 @@ static void series_init(void) {
 static bool pair_possible(ncfsm_state_t from, ncfsm_state_t to) { return pair_possible_[from][to]; }
 static bool cell_can_reject(ncfsm_state_t st, ncfsm_call_t c) { return cell_can_reject_[st][c]; }
 
+/* The coalescing cap (fsm/coalesce.h): NaN costs while there is no fit. */
+static void metrics_coalesce(tbuf *b, const ncfsm__coalesce *co) {
+  const char *mode = co->adaptive ? "auto" : "fixed";
+  bool fit = co->adaptive && co->fitted;
+  tb_family(b, "ncfsm_coalesce_cap", "gauge",
+            "Most ops the loop's next coalesced launch may hold: NCFSM_COALESCE_MAX, or chosen from the fitted costs (auto).");
+  tb_printf(b, "ncfsm_coalesce_cap{mode=\"%s\"} %u\n", mode, co->cap);
+  tb_family(b, "ncfsm_coalesce_launch_cost_seconds", "gauge",
+            "Auto: the fitted cost of a coalesced launch, fixed per launch and per op (NaN before a fit or when pinned).");
+  const char *part[2] = {"fixed", "per_op"};
+  double ns[2] = {co->fixed_ns, co->per_op_ns};
+  for (int i = 0; i < 2; i++) {
+    if (fit) tb_printf(b, "ncfsm_coalesce_launch_cost_seconds{part=\"%s\"} %.9g\n", part[i], ns[i] / 1e9);
+    else tb_printf(b, "ncfsm_coalesce_launch_cost_seconds{part=\"%s\"} NaN\n", part[i]);
+  }
+  tb_family(b, "ncfsm_coalesce_launches_measured_total", "counter", "Auto: coalesced launches timed for the fit.");
+  tb_printf(b, "ncfsm_coalesce_launches_measured_total %" PRIu64 "\n", co->samples);
+}
+
 static void metrics_loop(tbuf *b, const snap *s) {
   pthread_once(&series_once, series_init);
   tb_family(b, "ncfsm_transitions_total", "counter",
@@ -502,6 +536,7 @@ static void metrics_loop(tbuf *b, const snap *s) {
             "\n", s->pool.works_returned, s->pool.marks_returned);
   tb_family(b, "ncfsm_works_allocated_total", "counter", "Works this loop allocated (from its pool or the allocator).");
   tb_printf(b, "ncfsm_works_allocated_total %" PRIu64 "\n", s->pool.allocs);
+  metrics_coalesce(b, &s->co);
 }
 
 /* Per-comm labels: comm (its name; "#2", "#3"... appended when another comm

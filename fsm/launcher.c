@@ -204,9 +204,9 @@ static ncfsm_comm *next_launch(ncfsm_loop *loop) { return ncfsm__qheap_min(loop,
  *    each instance's ops in one group, as NCCL asks of such programs. A rank
  *    whose op is not submitted yet is not waited for (R13: local ranks may
  *    drift; measured on 2 H200s: separate launches of warm comms are fine);
- *  - with coalesce_max > 1, when every rank of the clique is in this launch,
- *    the next instances of all of them (up to coalesce_max ops, split at an
- *    R12 dependency). Ops of one comm are never grouped otherwise: NCCL
+ *  - with a cap above 1 (coalesce_max, or chosen by fsm/coalesce.c), when
+ *    every rank of the clique is in this launch, the next instances of all
+ *    of them (up to the cap in ops, split at an R12 dependency). Ops of one comm are never grouped otherwise: NCCL
  *    matches the collectives of a group across ranks only when every rank
  *    groups the same ones, and ranks in other processes or threads group by
  *    their own timing (measured on 2.28.9: wrong data).
@@ -268,7 +268,11 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
     }
   }
   /* A lone batch (nothing queued behind it on c) skips the coalescing set-up. */
-  if (single && n == c->nranks && loop->opts.coalesce_max > 1 && c->bq_head) {
+  uint64_t t0 = 0; /* auto, a timed launch: when its coalescing began (fsm/coalesce.h) */
+  if (single && n == c->nranks && loop->co.cap > 1 && c->bq_head) {
+    bool timed;
+    unsigned max_ops = ncfsm__coalesce_begin(&loop->co, (unsigned)n, &timed);
+    if (timed) t0 = ncfsm__now_ns();
     /* Every rank of the clique is here: the instances after this one join
      * the group for all ranks at once, so every rank's group holds the same
      * ops (a condition of NCCL's matching), and only while they were
@@ -286,7 +290,7 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
       ncfsm__batch one = {.head = w, .tail = w, .nworks = 1};
       ncfsm__spanset_take(loop->spans, &one);
     }
-    while (ntaken + (unsigned)n <= loop->opts.coalesce_max) {
+    while (ntaken + (unsigned)n <= max_ops) {
       const ncfsm_work *next0 = set[0]->bq_head ? set[0]->bq_head->b->head : NULL;
       bool ok = next0 != NULL;
       for (int i = 0; i < n && ok; i++) {
@@ -303,6 +307,7 @@ static bool launch_one(ncfsm_loop *loop, ncfsm_comm *c) {
     }
   }
   launch_taken(loop, head, (int)ntaken, set, n);
+  if (t0) ncfsm__coalesce_sample(&loop->co, ntaken, ncfsm__now_ns() - t0);
   if (set != stack_set) free(set);
   return true;
 }

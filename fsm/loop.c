@@ -238,7 +238,8 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
    * application's event_base_dispatch from returning (embedded loops give
    * their pools back at ncfsm_loop_close). */
   loop->ev_trim = own ? evtimer_new(base, on_trim, loop) : NULL;
-  loop->spans = ncfsm__spanset_new(loop->opts.coalesce_max);
+  ncfsm__coalesce_init(&loop->co, loop->opts.coalesce_max);
+  loop->spans = ncfsm__spanset_new(loop->co.adaptive ? NCFSM__COALESCE_HI : loop->opts.coalesce_max);
   if (!loop->ev_wake || !loop->ev_poll || (own && !loop->ev_trim) || !loop->spans) {
     ncfsm__spanset_free(loop->spans);
     if (loop->ev_trim) event_free(loop->ev_trim);

@@ -22,6 +22,7 @@
 
 #include "core/backend.h"
 #include "core/log.h"
+#include "fsm/coalesce.h"
 #include "fsm/recorder.h"
 #include "fsm/tables.h"
 #include "ncfsm.h"
@@ -359,6 +360,7 @@ struct ncfsm_loop {
   bool trim_armed;
   uint64_t trim_allocs;   /* pool.allocs when it was armed: none since, the pools are trimmed */
   ncfsm__spanset *spans; /* the launcher's R12 check */
+  ncfsm__coalesce co;    /* the launcher's coalescing cap (fsm/coalesce.h) */
   struct ncfsm__stray *strays; /* NCCL handles no comm owns, aborted at the next control step (fsm/control.c) */
   int nclosing;          /* comms with a close in progress: the control step runs their close column */
   ncfsm__call_req *shutdown_req; /* ncfsm_loop_shutdown's callback: queued once every comm is released */

@@ -114,7 +114,9 @@ typedef struct ncfsm_loop_opts {
                                       it; NCFSM_DUMP_SIGNAL) */
   unsigned coalesce_max;           /* most ops in one backend group when every rank of a clique is on
                                       this loop: consecutive instances of all ranks launch together
-                                      (default 64; 1 = off; NCFSM_COALESCE_MAX). Ungrouped ops of a
+                                      (default 64; 1 = off; 0 = auto: the loop chooses it from the
+                                      measured cost of its launches, docs/design.md "Adaptive
+                                      coalescing"; NCFSM_COALESCE_MAX=auto). Ungrouped ops of a
                                       rank whose peers are elsewhere are never coalesced: NCCL matches
                                       a group's ops across ranks only when every rank groups the same
                                       ones (docs/design.md) */

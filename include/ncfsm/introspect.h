@@ -55,7 +55,7 @@ ncfsm_result_t ncfsm_loop_status_text(ncfsm_loop *loop, const ncfsm_introspect_o
  * malloc'ed NUL-terminated buffer the caller frees: transitions per (from,
  * to), comms per state, rejected calls per (state, call), op latency
  * histograms per op kind (submit to final state), finished works per final
- * state, and per communicator its state, time in state, launched
+ * state, the coalescing cap and (auto) its fitted launch costs, and per communicator its state, time in state, launched
  * collectives, unfinished works and the oldest one's age. */
 ncfsm_result_t ncfsm_loop_metrics(ncfsm_loop *loop, char **out, size_t *len);
 

@@ -797,7 +797,7 @@ static void test_format_and_accepted(void **state) {
   ncfsm__setting_accepted(row(NCFSM__SET_TIMEOUT_MS), b, sizeof b);
   assert_string_equal(b, "0 = off, or 1..31536000000");
   ncfsm__setting_accepted(row(NCFSM__SET_COALESCE_MAX), b, sizeof b);
-  assert_string_equal(b, "1 = off, or 2..65536");
+  assert_string_equal(b, "1 = off, or 2..65536, or auto");
   ncfsm__setting_accepted(row(NCFSM__SET_TEST_SEED), b, sizeof b);
   assert_string_equal(b, "0..18446744073709551615, or random");
   assert_int_equal(ncfsm__setting_parse(row(NCFSM__SET_TIMEOUT_MS), "0", &v, b, sizeof b), 0);
