@@ -420,7 +420,7 @@ void ncfsm__boot_req_finish(ncfsm_boot_req *req, ncfsm_result_t st) {
  * the dead magic, as a freed one, until it is handed out again. */
 #define REQ_POOL 8
 
-static void req_free_events(ncfsm_boot_req *req) {
+static void req_free_mem(ncfsm_boot_req *req) {
   if (req->wake) event_free(req->wake);
   if (req->timer) event_free(req->timer);
   free(req);
@@ -446,7 +446,7 @@ static ncfsm_boot_req *req_new(ncfsm_boot *b, int kind) {
   if (kind == NCFSM__REQ_AGREE) req->alive = calloc((size_t)b->size, 1);
   if (!req->wake || !req->timer || (kind == NCFSM__REQ_AGREE && !req->alive)) {
     free(req->alive);
-    req_free_events(req);
+    req_free_mem(req);
     return NULL;
   }
   uint64_t ms = b->timeout_ms + (kind == NCFSM__REQ_AGREE ? b->ops->agree_grace_ms : 0);
@@ -468,14 +468,14 @@ static void req_destroy(ncfsm_boot_req *req) {
     b->npool++;
     return;
   }
-  req_free_events(req); /* event_free also takes it off the active queue */
+  req_free_mem(req); /* event_free also takes it off the active queue */
 }
 
 static void req_pool_free(ncfsm_boot *b) {
   while (b->req_pool) {
     ncfsm_boot_req *req = b->req_pool;
     b->req_pool = req->pool_next;
-    req_free_events(req);
+    req_free_mem(req);
   }
   b->npool = 0;
 }

@@ -57,7 +57,6 @@ struct ncfsm__vchan {
   ncfsm_comm *c;     /* given a turn by the callback (ncfsm__comm_attend_async) */
   struct event *stall_tm; /* while exchanges are out: a look at their stall bound every quarter of it */
   uint64_t stall_us;
-  ncfsm_loop *loop;  /* kicked by the callback */
   int nranks, rank;
   pthread_mutex_t mu; /* the inbox, filed by the callback */
   _Atomic unsigned att;
@@ -169,7 +168,6 @@ void ncfsm__vchan_waits(struct ncfsm__verifier *v, bool waits) {
 ncfsm_result_t ncfsm__vchan_new(struct ncfsm__verifier *v) {
   struct ncfsm__vchan *vc = calloc(1, sizeof *vc);
   if (!vc) return NCFSM_ERR_NO_MEMORY;
-  vc->loop = v->c->loop;
   vc->c = v->c;
   pthread_mutex_init(&vc->mu, NULL);
   atomic_init(&vc->att, IN_WORK); /* WAITING: polled until in service */
