@@ -9,7 +9,14 @@
 
 #include "fsm/loop-int.h"
 
-#define NCFSM__LOCK(l) pthread_mutex_lock(&(l)->mu)
+/* Every public call that takes the lock first takes the submissions other
+ * threads handed off meanwhile (fsm/api_ops.c): a call never overtakes a
+ * submission made before it (a close, a group start, a wait). */
+#define NCFSM__LOCK(l)              \
+  do {                              \
+    pthread_mutex_lock(&(l)->mu);   \
+    ncfsm__handoff_turn(l);         \
+  } while (0)
 #define NCFSM__UNLOCK(l) pthread_mutex_unlock(&(l)->mu)
 
 static inline bool ncfsm__comm_ok(const ncfsm_comm *c) { return c && c->magic == NCFSM__COMM_MAGIC; }

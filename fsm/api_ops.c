@@ -2,51 +2,50 @@
  * backend (R3: an argument error reaching a nonblocking NCCL communicator
  * poisons it for good), the work's creation, and its place in the open
  * group or its own batch. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "fsm/api-int.h"
-
-/* Kinds as bit sets (one test each on the submit path). */
-#define KIND(k) (1u << NCFSM_KIND_##k)
-_Static_assert(NCFSM_OPKIND_COUNT <= 32, "the kinds fit a bit set");
-static bool kind_in(ncfsm_opkind_t k, unsigned set) { return (unsigned)k < 32 && ((1u << k) & set); }
-static bool op_reduces(ncfsm_opkind_t k) { return kind_in(k, KIND(ALLREDUCE) | KIND(REDUCE) | KIND(REDUCESCATTER)); }
-static bool op_rooted(ncfsm_opkind_t k) {
-  return kind_in(k, KIND(BROADCAST) | KIND(REDUCE) | KIND(GATHER) | KIND(SCATTER));
-}
+#include "fsm/submit.h"
 
 /* Argument checks before the backend (R3: an argument error reaching a
  * nonblocking NCCL communicator poisons it for good). */
-static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op *o) {
+/* quiet: no message (a hand-off's check: the locked path that follows a
+ * refusal says why). */
+#define ARG_ERROR(...) (quiet ? (void)0 : ncfsm__set_error(c, __VA_ARGS__))
+static inline __attribute__((always_inline)) ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op *o, bool quiet) {
   if ((unsigned)o->dtype >= NCFSM_DTYPE_COUNT) {
-    ncfsm__set_error(c, "%s: argument datatype: unknown dtype %d (valid: 0..%d, ncfsm_dtype_t)", ncfsm_call_fn(call),
+    ARG_ERROR("%s: argument datatype: unknown dtype %d (valid: 0..%d, ncfsm_dtype_t)", ncfsm_call_fn(call),
                      (int)o->dtype, NCFSM_DTYPE_COUNT - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  if (op_reduces(o->kind) && (unsigned)o->redop >= NCFSM_REDOP_COUNT) {
-    ncfsm__set_error(c, "%s: argument op: unknown reduction operator %d (valid: 0..%d, ncfsm_redop_t)",
+  if (ncfsm__op_reduces(o->kind) && (unsigned)o->redop >= NCFSM_REDOP_COUNT) {
+    ARG_ERROR("%s: argument op: unknown reduction operator %d (valid: 0..%d, ncfsm_redop_t)",
                      ncfsm_call_fn(call), (int)o->redop, NCFSM_REDOP_COUNT - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
-  if (op_rooted(o->kind) && (o->root < 0 || o->root >= c->nranks)) {
-    ncfsm__set_error(c, "%s: argument root: %d is out of range (the communicator has %d ranks: 0..%d)",
+  if (ncfsm__op_rooted(o->kind) && (o->root < 0 || o->root >= c->nranks)) {
+    ARG_ERROR("%s: argument root: %d is out of range (the communicator has %d ranks: 0..%d)",
                      ncfsm_call_fn(call), o->root, c->nranks, c->nranks - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   if ((o->kind == NCFSM_KIND_SEND || o->kind == NCFSM_KIND_RECV) &&
       (o->peer < 0 || o->peer >= c->nranks)) {
-    ncfsm__set_error(c, "%s: argument peer: %d is out of range (the communicator has %d ranks: 0..%d)",
+    ARG_ERROR("%s: argument peer: %d is out of range (the communicator has %d ranks: 0..%d)",
                      ncfsm_call_fn(call), o->peer, c->nranks, c->nranks - 1);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   size_t bytes, total;
-  size_t mult = kind_in(o->kind, KIND(ALLGATHER) | KIND(REDUCESCATTER) | KIND(ALLTOALL) | KIND(GATHER) | KIND(SCATTER))
+  size_t mult = ncfsm__kind_in(o->kind, NCFSM__KIND(ALLGATHER) | NCFSM__KIND(REDUCESCATTER) | NCFSM__KIND(ALLTOALL) | NCFSM__KIND(GATHER) |
+                                    NCFSM__KIND(SCATTER))
                     ? (size_t)c->nranks
                     : 1;
   if (__builtin_mul_overflow(o->count, ncfsm_dtype_size(o->dtype), &bytes) ||
       __builtin_mul_overflow(bytes, mult, &total) || total > (size_t)PTRDIFF_MAX) {
-    ncfsm__set_error(c, "%s: argument count: %zu elements of %s%s overflow the address space", ncfsm_call_fn(call),
+    ARG_ERROR("%s: argument count: %zu elements of %s%s overflow the address space", ncfsm_call_fn(call),
                      o->count, ncfsm_dtype_name(o->dtype), mult > 1 ? " times nranks" : "");
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
@@ -63,19 +62,91 @@ static ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op
       default: need_send = need_recv = true; break;
     }
     if ((need_send && !o->send) || (need_recv && !o->recv)) {
-      ncfsm__set_error(c, "%s: argument %s: NULL buffer with count %zu", ncfsm_call_fn(call),
+      ARG_ERROR("%s: argument %s: NULL buffer with count %zu", ncfsm_call_fn(call),
                        need_send && !o->send ? "sendbuff" : "recvbuff", o->count);
       return NCFSM_ERR_INVALID_ARGUMENT;
     }
   }
   int dev = -1;
   if (o->stream && c->be->stream_device(o->stream, &dev) == 0 && dev >= 0 && dev != c->opts.device) {
-    ncfsm__set_error(c, "%s: argument stream: the stream belongs to device %d, the communicator to "
+    ARG_ERROR("%s: argument stream: the stream belongs to device %d, the communicator to "
                         "device %d",
                      ncfsm_call_fn(call), dev, c->opts.device);
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   return NCFSM_OK;
+}
+#undef ARG_ERROR
+
+/* ---- the hand-off: a submission while another thread holds the lock ----
+ *
+ * A thread that finds the loop's lock taken (the loop's thread in a turn,
+ * another submitter) does not wait for it when the call is one the comm
+ * takes in READY and no group is open on the loop: it checks the arguments,
+ * fills a work from a cache of its own, pushes it on the loop's lock-free
+ * stack, wakes the loop and returns. The next holder of the lock that
+ * queues work (a turn, a submission, a group start) takes the stack in the
+ * order it was pushed and enters each work as the locked path would, after
+ * checking the call again in the comm's state then: a comm that left READY
+ * in between fails the work with that check's error (its status and
+ * callback, and the comm's last error), as it fails a work queued just
+ * before such a change. Everything else (a group open, another state, an
+ * argument error, a full stack, a trace callback set) takes the lock and the locked path, whose
+ * result and message are the call's. */
+
+/* Works this thread took for hand-offs: from a loop's spare stack (the pool
+ * past its quarantine) or the allocator; freed when the thread exits. */
+static __thread ncfsm_work *tls_works;
+static __thread bool tls_registered;
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+static void tls_free(void *unused) { /* the thread exits (its __thread variables are still there) */
+  (void)unused;
+  for (ncfsm_work *w = tls_works, *n; w; w = n) {
+    n = w->next;
+    free(w);
+  }
+  tls_works = NULL;
+}
+static void tls_init(void) { (void)pthread_key_create(&tls_key, tls_free); }
+
+static ncfsm_work *handoff_alloc(ncfsm_loop *loop) {
+  if (!tls_registered) { /* once per thread: its cache is freed when it exits */
+    pthread_once(&tls_once, tls_init);
+    if (pthread_setspecific(tls_key, &tls_works) != 0) return NULL;
+    tls_registered = true;
+  }
+  ncfsm_work *w = tls_works;
+  if (!w) w = atomic_exchange_explicit(&loop->spare, NULL, memory_order_acquire);
+  if (w) {
+    tls_works = w->next;
+    return w;
+  }
+  return malloc(sizeof *w);
+}
+
+static bool handoff(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_cb cb, void *arg, ncfsm_work **out) {
+  ncfsm_loop *loop = c->loop;
+  /* Released by the machine's state stores (fsm/machine.h): READY was
+   * reached after the comm's size, rank and stream were set. */
+  unsigned st = __atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
+  if (st != NCFSM_STATE_READY || !ncfsm__comm_fast[st][call]) return false; /* READY: no group ops, sized */
+  if (__atomic_load_n(&loop->group_state, __ATOMIC_ACQUIRE) != NCFSM__GS_NONE) return false;
+  /* A trace sees every submission inside its call (ncfsm-apifuzz checks it): no hand-off. */
+  if (__atomic_load_n(&loop->trace, __ATOMIC_RELAXED)) return false;
+  if (atomic_load_explicit(&loop->nhandoff, memory_order_relaxed) >= NCFSM__HANDOFF_MAX) return false;
+  if (validate(c, call, o, true) != NCFSM_OK) return false;
+  ncfsm_work *w = handoff_alloc(loop);
+  if (!w) return false;
+  if (!o->stream) o->stream = c->stream;
+  ncfsm__work_init(w, c, call, o, cb, arg, out != NULL);
+  if (out) *out = w; /* before the push: the work may be taken, and even final, at once */
+  ncfsm_work *h = atomic_load_explicit(&loop->handoff, memory_order_relaxed);
+  do w->next = h;
+  while (!atomic_compare_exchange_weak_explicit(&loop->handoff, &h, w, memory_order_release, memory_order_relaxed));
+  atomic_fetch_add_explicit(&loop->nhandoff, 1, memory_order_relaxed);
+  if (!h) loop->ops->wake(loop); /* the first on the stack wakes the loop; the turn takes the rest too */
+  return true;
 }
 
 static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_cb cb, void *arg,
@@ -83,7 +154,11 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   if (out) *out = NULL;
   if (!ncfsm__comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
   ncfsm_loop *loop = c->loop;
-  NCFSM__LOCK(loop);
+  if (pthread_mutex_trylock(&loop->mu) != 0) {
+    if (handoff(c, call, o, cb, arg, out)) return NCFSM_OK;
+    pthread_mutex_lock(&loop->mu);
+  }
+  ncfsm__handoff_turn(loop); /* the submissions handed off before this one first */
   ncfsm_result_t r = NCFSM_OK;
   /* the cell's guards too: GROUP_THREAD (R3, R9), SIZED (a split child);
    * the table only when the fast path cannot say (fsm/tables.h) */
@@ -91,7 +166,7 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
     NCFSM__UNLOCK(loop);
     return r;
   }
-  r = validate(c, call, o);
+  r = validate(c, call, o, false);
   ncfsm_work *w = NULL;
   if (r == NCFSM_OK && !(w = ncfsm__work_alloc(loop))) r = NCFSM_ERR_NO_MEMORY;
   if (r != NCFSM_OK) {
@@ -100,73 +175,8 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
     return r;
   }
   if (!o->stream) o->stream = c->stream;
-  /* Every field, once (the work's memory comes uninitialised from the pool). */
-  w->magic = NCFSM__WORK_MAGIC;
-  w->state = NCFSM_WORK_QUEUED; /* fsm/work.def's initial state */
-  w->user_refs = out != NULL;
-  w->refs = w->user_refs + 1; /* the engine's: until the callback ran */
-  w->comm = c;
-  w->op = *o;
-  w->nspan = -1; /* its R12 ranges: at their first use (fsm/ranges.c) */
-  w->status = NCFSM_ERR_AGAIN;
-  w->cb = cb;
-  w->arg = arg;
-  w->batch = NULL;
-  w->mark = w->start_mark = NULL;
-  w->device_ms = -1;
-  w->timeout_ms = 0;
-  w->group = 0;
-  w->t_submit = ncfsm__now_ns();
-  w->t_launch = w->t_final = w->t_complete = w->deadline_ns = 0;
-  w->vreq = NULL;
-  w->bnext = w->next = NULL;
-  c->refs++;
-  bool p2p = kind_in(o->kind, KIND(SEND) | KIND(RECV));
-  /* The seq is taken at launch (the work's action launch): a work refused,
-   * dropped with a failed group or failed before launch takes none, so the
-   * ranks' numbers stay equal when a group fails on one rank only (R11). */
-  w->fp = (ncfsm_fingerprint_t){
-      .seq = NCFSM_SEQ_NONE,
-      .op = (int32_t)o->kind,
-      .dtype = (int32_t)o->dtype,
-      .count = o->count,
-      .root = op_rooted(o->kind) ? o->root : -1,
-      .redop = op_reduces(o->kind) ? (int32_t)o->redop : -1,
-      .peer = p2p ? o->peer : -1,
-  };
-  ncfsm__rec_entry *re = ncfsm__rec_push(c->rec, &w->rec); /* written in place */
-  if (re) {
-    re->fp = w->fp;
-    re->group = 0;
-    re->state = NCFSM_WORK_QUEUED;
-    re->result = NCFSM_ERR_AGAIN;
-    re->stream = (uint64_t)(uintptr_t)o->stream;
-    re->t_submit_ns = w->t_submit;
-    re->t_launch_ns = re->t_final_ns = re->t_complete_ns = 0;
-  }
-  if (loop->trace) {
-    ncfsm_trace_rec rec = {NCFSM_OBJ_WORK, w, c->rank, w->fp.seq, -1, -1, NCFSM_WORK_QUEUED, NCFSM_OK, w->t_submit};
-    loop->trace(&rec, loop->trace_arg);
-  }
-  if (ncfsm__group_owned(loop)) {
-    w->bnext = NULL;
-    if (loop->group_tail) loop->group_tail->bnext = w;
-    else loop->group_head = w;
-    loop->group_tail = w;
-    c->ngroup++;
-    ncfsm__comm_fire(c, NCFSM_EV_ENLIST, NULL); /* R3 */
-  } else {
-    ncfsm__batch *b = &w->single;
-    b->head = b->tail = w;
-    b->nworks = 1;
-    b->explicit_group = b->allocated = false;
-    b->nlinks = 1;
-    b->links = &w->single_link;
-    w->single_link.c = c; /* .b, .next: ncfsm__batch_queue; .order, .nlive too */
-    w->batch = b;
-    ncfsm__batch_queue(loop, b);
-    ncfsm__loop_wake(loop);
-  }
+  ncfsm__work_init(w, c, call, o, cb, arg, out != NULL);
+  ncfsm__work_enter(loop, c, w, ncfsm__group_owned(loop));
   if (out) *out = w;
   NCFSM__UNLOCK(loop);
   return NCFSM_OK;

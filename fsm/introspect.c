@@ -51,6 +51,7 @@ typedef struct snap {
   int group_depth, nqueued, ncomms;
   ncfsm__pool_stats pool;
   int works_free; /* works on the loop's free list */
+  uint64_t handoffs; /* submissions handed off while the lock was taken (fsm/api_ops.c) */
   ncfsm__coalesce co; /* the coalescing cap and its fit */
   snap_comm *comms;
   ncfsm__rec_entry *tails; /* storage of every comm's tail */
@@ -147,6 +148,7 @@ static ncfsm_result_t snap_take(ncfsm_loop *loop, unsigned tail_max, snap *s) {
   s->nqueued = loop->nqueued;
   s->pool = loop->pool;
   s->works_free = loop->nfree;
+  s->handoffs = loop->handoffs;
   s->co = loop->co;
   int n = 0;
   for (const ncfsm_comm *c = loop->comms; c; c = c->next) n++;
@@ -536,6 +538,9 @@ static void metrics_loop(tbuf *b, const snap *s) {
             "\n", s->pool.works_returned, s->pool.marks_returned);
   tb_family(b, "ncfsm_works_allocated_total", "counter", "Works this loop allocated (from its pool or the allocator).");
   tb_printf(b, "ncfsm_works_allocated_total %" PRIu64 "\n", s->pool.allocs);
+  tb_family(b, "ncfsm_submit_handoffs_total", "counter",
+            "Submissions made while another thread held the loop's lock, handed off without waiting for it.");
+  tb_printf(b, "ncfsm_submit_handoffs_total %" PRIu64 "\n", s->handoffs);
   metrics_coalesce(b, &s->co);
 }
 

@@ -9,6 +9,7 @@
 #define NCFSM_FSM_LOOP_INT_H
 
 #include "fsm/engine.h"
+#include "fsm/submit.h"
 
 /* Deliver queued callbacks (state notes, work callbacks, ncfsm_loop_call)
  * with the lock dropped; drops and retakes the lock. */

@@ -113,6 +113,7 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
     ncfsm__enlist_all(loop);
   }
   ncfsm__attend_turn(loop); /* comms another thread gave something to look at */
+  ncfsm__handoff_turn(loop); /* submissions made while the lock was taken (fsm/api_ops.c) */
   /* Progress (a state change, a completion) and a launch restart the
    * burst; the poll is armed once, at the end of the turn. */
   bool hint = ncfsm__progress(loop);
@@ -144,7 +145,8 @@ static void turn(ncfsm_loop *loop, bool poll) {
  * callbacks to deliver. Called with mu held. */
 static bool direct_work(ncfsm_loop *loop) {
   return loop->kick || ncfsm__timer_now(loop) || loop->notify_head || loop->snote_head || loop->calls_head ||
-         atomic_load(&loop->async_kick) || atomic_load_explicit(&loop->att_head, memory_order_relaxed);
+         atomic_load(&loop->async_kick) || atomic_load_explicit(&loop->att_head, memory_order_relaxed) ||
+         atomic_load_explicit(&loop->handoff, memory_order_relaxed);
 }
 
 /* One direct turn; an immediate re-poll first yields the CPU, so that NCCL's
@@ -425,6 +427,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
     return NCFSM_ERR_INVALID_USAGE;
   }
   pthread_mutex_lock(&loop->mu);
+  ncfsm__handoff_turn(loop); /* submissions made before this call join their comms first */
   int open = 0; /* comms the program holds (a recovery's new comm in the making is the recovery's) */
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
     if (c->state != NCFSM_STATE_RELEASED && !(c->rops && c->rops->owned(c))) open++;
@@ -481,8 +484,8 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
 void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return;
   pthread_mutex_lock(&loop->mu);
-  loop->trace = fn;
   loop->trace_arg = arg;
+  __atomic_store_n(&loop->trace, fn, __ATOMIC_RELAXED); /* a submitter's hand-off reads it without the lock */
   pthread_mutex_unlock(&loop->mu);
 }
 

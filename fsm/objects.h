@@ -124,6 +124,7 @@ struct ncfsm_work {
   uint64_t group;           /* launch id (0: not launched) */
   uint64_t t_submit, t_launch, t_final, t_complete, deadline_ns;
   void *vreq;               /* the verification's exchange of this work (strict), NULL when none */
+  unsigned char call;       /* ncfsm_call_t of its submission (a hand-off's check at its take) */
   ncfsm_work *bnext;        /* batch / group list */
   ncfsm_work *next;         /* launching list, stream queue, notify list, free list */
 };
@@ -379,6 +380,13 @@ struct ncfsm_loop {
   uint64_t peers_gen, peers_built; /* peer rings: a comm's id changed (gen), the rings match (built == gen) */
   uint64_t turn_ns;                /* the turn's clock (ncfsm__turn_now); 0: not read yet */
   bool turn_clock;                 /* a turn holds the lock: ncfsm__turn_now may keep what it read */
+  /* Submissions handed off by threads that found the lock taken (fsm/submit.h): a
+   * lock-free stack, newest first, that the next holder of the lock takes in order; and
+   * works for such threads, from the pool past its quarantine (taken whole). */
+  ncfsm_work *_Atomic handoff;
+  _Atomic int nhandoff;            /* on the stack (its bound: NCFSM__HANDOFF_MAX) */
+  ncfsm_work *_Atomic spare;
+  uint64_t handoffs;               /* submissions taken from the stack (/metrics) */
 };
 
 struct ncfsm__state_note {
@@ -548,6 +556,12 @@ static inline void ncfsm__attend_turn(ncfsm_loop *loop) {
 /* c is about to be freed, and no thread can push it any more: it is off the stack. */
 void ncfsm__comm_attend_forget(ncfsm_comm *c);
 void ncfsm__enlist_all(ncfsm_loop *loop); /* a wake from outside: every comm is looked at once */
+
+/* ---- submissions handed off while another thread held the lock (fsm/submit.h) ---- */
+/* Past this many on the stack, a submitting thread waits for the lock instead. */
+#define NCFSM__HANDOFF_MAX 4096
+/* The spare works of the hand-offs go back to the allocator (the lock held); bytes freed. */
+size_t ncfsm__handoff_free_spare(ncfsm_loop *loop);
 /* The active list in the order of loop->comms (a turn visits the comms in
  * that order, as it visited every comm before the list existed). */
 void ncfsm__active_sort(ncfsm_loop *loop);

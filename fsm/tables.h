@@ -97,8 +97,17 @@ unsigned long long ncfsm__comm_cell_guards(void);
 typedef unsigned ncfsm__work_event_t;
 extern const ncfsm__machine ncfsm__m_work;
 
+/* The final states as a bit set, from the rows' flags (a constant: the
+ * test is one shift and a mask, no load of the machine's state table). */
+enum {
+  NCFSM__WORK_FINAL_SET = 0u
+#define NCFSM_STATE(name, flags, desc) | (((flags) & NCFSM__WF_FINAL) ? 1u << NCFSM_WORK_##name : 0u)
+#include "fsm/work.def"
+};
+_Static_assert(NCFSM_WORK_STATE_COUNT <= 32, "the work's states fit a bit set");
+
 static inline bool ncfsm__work_state_final(ncfsm_work_state_t s) {
-  return (unsigned)s < NCFSM_WORK_STATE_COUNT && (ncfsm__m_work.states[s].flags & NCFSM__WF_FINAL);
+  return (unsigned)s < NCFSM_WORK_STATE_COUNT && ((NCFSM__WORK_FINAL_SET >> (unsigned)s) & 1u);
 }
 
 /* ---- group (fsm/group.def): all internal ---- */

@@ -210,6 +210,18 @@ void ncfsm__work_unref(ncfsm_work *w) {
   ncfsm__comm_unref(c);
 }
 
+/* The hand-offs' spare works (fsm/submit.c fills the stack) back to the allocator. */
+size_t ncfsm__handoff_free_spare(ncfsm_loop *loop) {
+  size_t bytes = 0;
+  for (ncfsm_work *w = atomic_exchange_explicit(&loop->spare, NULL, memory_order_acquire), *n; w; w = n) {
+    n = w->next;
+    free(w);
+    bytes += sizeof *w;
+  }
+  return bytes;
+}
+
+
 size_t ncfsm__pool_trim(ncfsm_loop *loop) {
   size_t bytes = 0;
   int keep = NCFSM__POOL_KEEP > NCFSM__WORK_QUARANTINE ? NCFSM__POOL_KEEP : NCFSM__WORK_QUARANTINE;
@@ -227,6 +239,9 @@ size_t ncfsm__pool_trim(ncfsm_loop *loop) {
     loop->pool.marks_returned += (uint64_t)n;
     bytes += (size_t)n * sizeof(ncfsm__mark);
   }
+  size_t spare = ncfsm__handoff_free_spare(loop); /* the hand-offs' share of the pool */
+  loop->pool.works_returned += spare / sizeof(ncfsm_work);
+  bytes += spare;
   if (bytes) loop->pool.trims++;
   return bytes;
 }
@@ -239,4 +254,5 @@ void ncfsm__comm_free_all(ncfsm_loop *loop) {
   }
   loop->free_tail = NULL;
   loop->nfree = 0;
+  ncfsm__handoff_free_spare(loop);
 }

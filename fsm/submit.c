@@ -1,0 +1,68 @@
+/* Layer 2: the submissions handed off while another thread held the loop's
+ * lock, taken by the next holder (fsm/submit.h; docs/design.md "Submissions
+ * from other threads"). */
+#include <stdio.h>
+
+#include "fsm/submit.h"
+
+/* One handed-off work joins its comm (the lock held). */
+static void handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
+  ncfsm_comm *c = w->comm;
+  ncfsm_call_t call = (ncfsm_call_t)w->call;
+  ncfsm_result_t r = NCFSM_OK;
+  /* Never into a group: its submitter owned none, whichever thread takes it. */
+  if (c->ngroup > 0) {
+    r = NCFSM_ERR_WRONG_THREAD;
+    ncfsm__set_error(c, "%s: %s", ncfsm_call_fn(call), ncfsm__m_group.guards[NCFSM__GG_OTHER_THREAD].hint);
+  } else if (!ncfsm__legal_fast(c->state, call, c->ngroup, c->nranks)) {
+    (void)ncfsm__check_legal(c, call, &r);
+  }
+  if (r == NCFSM_OK) {
+    ncfsm__work_enter(loop, c, w, false);
+  } else {
+    /* Recorded, never queued: it fails with the check's result, its callback
+     * queued (fsm/work.def: QUEUED --FAIL--> FAILED). */
+    ncfsm__work_record(loop, c, w);
+    ncfsm__work_end(w, NCFSM_WORK_FAILED, r);
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] a %s handed off while the loop was busy failed: %s", c->name, c->rank,
+               ncfsm_call_fn(call), c->last_error);
+  }
+}
+
+void ncfsm__handoff_take(ncfsm_loop *loop) {
+  ncfsm_work *w = atomic_exchange_explicit(&loop->handoff, NULL, memory_order_acquire), *fifo = NULL;
+  int n = 0;
+  for (ncfsm_work *next; w; w = next, n++) { /* newest first: reversed, oldest first */
+    next = w->next;
+    w->next = fifo;
+    fifo = w;
+  }
+  if (!n) return;
+  atomic_fetch_sub_explicit(&loop->nhandoff, n, memory_order_relaxed);
+  loop->handoffs += (uint64_t)n;
+  loop->pool.allocs += (uint64_t)n;
+  for (ncfsm_work *next; fifo; fifo = next) {
+    next = fifo->next;
+    fifo->next = NULL;
+    handoff_enter(loop, fifo);
+  }
+  /* As many works for the next hand-offs, from the pool past its quarantine
+   * (the oldest), when the spare stack is empty: one chain, taken whole. */
+  if (atomic_load_explicit(&loop->spare, memory_order_relaxed)) return;
+  ncfsm_work *head = NULL, *tail = NULL;
+  for (int k = 0; k < n && loop->nfree > NCFSM__WORK_QUARANTINE; k++) {
+    ncfsm_work *x = loop->free_head;
+    loop->free_head = x->next;
+    if (!loop->free_head) loop->free_tail = NULL;
+    loop->nfree--;
+    x->next = NULL;
+    if (tail) tail->next = x;
+    else head = x;
+    tail = x;
+  }
+  if (!head) return;
+  ncfsm_work *h = atomic_load_explicit(&loop->spare, memory_order_relaxed);
+  do tail->next = h;
+  while (!atomic_compare_exchange_weak_explicit(&loop->spare, &h, head, memory_order_release, memory_order_relaxed));
+}
+

@@ -1,0 +1,271 @@
+/* Submissions handed off while another thread holds the loop's lock (fsm/api_ops.c,
+ * docs/design.md "Submissions from other threads"): the call returns without waiting, the
+ * next holder of the lock enters the work in the order it was made, checks the call again in
+ * the comm's state then, and every case the hand-off does not take (an argument error, an
+ * open group) waits for the lock and gets the locked path's result and message. The test
+ * holds the lock itself (the loop's thread in a long turn, as far as a submitter can tell).
+ * Also built under TSan (label threads). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fsm/engine.h"
+#include "helpers.h"
+#include "ncfsm/introspect.h"
+
+#define NOPS 6
+
+static ncfsm_comm *comm;
+static float bufs[NOPS][4];
+static atomic_int ncb, order[NOPS], statuses[NOPS];
+
+static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  int i = (int)(intptr_t)arg;
+  atomic_store(&statuses[i], (int)st);
+  atomic_store(&order[atomic_fetch_add(&ncb, 1)], i);
+}
+
+typedef struct sub {
+  int first, n;          /* ops first .. first + n - 1 */
+  ncfsm_dtype_t dtype;   /* NCFSM_FLOAT32, or an invalid one */
+  ncfsm_work *w[NOPS];   /* handles (released by the test) */
+  ncfsm_result_t rc[NOPS];
+  atomic_int returned;   /* calls that returned */
+  atomic_int go_second;  /* the submitter waits for it before its second half (ordering test) */
+  int split;             /* submit ops [first, first + split) at once, the rest after go_second */
+} sub;
+
+static void *submitter(void *arg) {
+  sub *s = arg;
+  for (int k = 0; k < s->n; k++) {
+    if (k == s->split)
+      while (!atomic_load(&s->go_second)) sched_yield();
+    int i = s->first + k;
+    s->rc[k] = ncfsm_allreduce(comm, bufs[i], bufs[i], 4, s->dtype, NCFSM_OP_SUM, NULL, on_done, (void *)(intptr_t)i,
+                               &s->w[k]);
+    atomic_fetch_add(&s->returned, 1);
+  }
+  return NULL;
+}
+
+/* Waits up to ms for s to have returned from n calls. */
+static bool returned_within(sub *s, int n, int ms) {
+  for (int i = 0; i < ms; i++) {
+    if (atomic_load(&s->returned) >= n) return true;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return atomic_load(&s->returned) >= n;
+}
+
+static ncfsm_loop *setup(void) {
+  atomic_store(&ncb, 0);
+  for (int i = 0; i < NOPS; i++) atomic_store(&order[i], -1), atomic_store(&statuses[i], -1);
+  ncfsm_comm *c[1];
+  ncfsm_loop *loop = ready_comms(1, c);
+  comm = c[0];
+  return loop;
+}
+
+static void run_until_callbacks(ncfsm_loop *loop, int n) {
+  for (int i = 0; i < 20000 && atomic_load(&ncb) < n; i++) run_turns(loop, 1);
+  assert_int_equal(atomic_load(&ncb), n);
+}
+
+static void release_all(sub *s) {
+  for (int k = 0; k < s->n; k++)
+    if (s->w[k]) assert_int_equal(ncfsm_work_release(s->w[k]), NCFSM_OK);
+}
+
+static uint64_t seq_of(const ncfsm_work *w) { return ncfsm_work_fingerprint(w)->seq; }
+
+/* The lock taken: the calls return at once, handed off, and run in the order made. */
+static void test_handoff_returns_without_the_lock(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  sub s = {.first = 0, .n = 3, .dtype = NCFSM_FLOAT32, .split = 3};
+  pthread_mutex_lock(&loop->mu);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
+  bool back = returned_within(&s, 3, 5000);
+  int pending = atomic_load(&loop->nhandoff);
+  pthread_mutex_unlock(&loop->mu);
+  pthread_join(th, NULL);
+  assert_true(back); /* a call waiting for the lock would not have returned */
+  assert_int_equal(pending, 3);
+  for (int k = 0; k < 3; k++) assert_int_equal(s.rc[k], NCFSM_OK);
+  run_until_callbacks(loop, 3);
+  assert_int_equal(loop->handoffs, 3);
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(atomic_load(&order[k]), k);
+    assert_int_equal(atomic_load(&statuses[k]), NCFSM_OK);
+    assert_int_equal(ncfsm_work_state(s.w[k]), NCFSM_WORK_COMPLETED);
+  }
+  assert_true(seq_of(s.w[0]) < seq_of(s.w[1]) && seq_of(s.w[1]) < seq_of(s.w[2]));
+  char *text = NULL;
+  assert_int_equal(ncfsm_loop_metrics(loop, &text, NULL), NCFSM_OK);
+  assert_non_null(strstr(text, "\nncfsm_submit_handoffs_total 3\n"));
+  free(text);
+  release_all(&s);
+  teardown_all(loop, &comm, 1);
+}
+
+/* A later call of the same thread that gets the lock does not overtake its handed-off ones. */
+static void test_locked_call_does_not_overtake(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  sub s = {.first = 0, .n = 4, .dtype = NCFSM_FLOAT32, .split = 2};
+  pthread_mutex_lock(&loop->mu);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
+  assert_true(returned_within(&s, 2, 5000));
+  pthread_mutex_unlock(&loop->mu);
+  atomic_store(&s.go_second, 1); /* ops 2 and 3 find the lock free: the locked path */
+  pthread_join(th, NULL);
+  for (int k = 0; k < 4; k++) assert_int_equal(s.rc[k], NCFSM_OK);
+  run_until_callbacks(loop, 4);
+  assert_int_equal(loop->handoffs, 2);
+  for (int k = 0; k < 4; k++) assert_int_equal(atomic_load(&order[k]), k);
+  for (int k = 0; k < 3; k++) assert_true(seq_of(s.w[k]) < seq_of(s.w[k + 1]));
+  release_all(&s);
+  teardown_all(loop, &comm, 1);
+}
+
+/* The comm fails between the hand-off and its take: the work fails with the check's
+ * error and never reaches the backend. */
+static void test_recheck_at_take(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  sub s = {.first = 0, .n = 1, .dtype = NCFSM_FLOAT32, .split = 1};
+  pthread_mutex_lock(&loop->mu);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
+  assert_true(returned_within(&s, 1, 5000));
+  pthread_join(th, NULL);
+  ncfsm__comm_fail(comm, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_INTERNAL_ERROR, "test: failed meanwhile");
+  pthread_mutex_unlock(&loop->mu);
+  assert_int_equal(s.rc[0], NCFSM_OK);
+  run_until_callbacks(loop, 1);
+  assert_int_not_equal(atomic_load(&statuses[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_work_state(s.w[0]), NCFSM_WORK_FAILED);
+  assert_int_equal(ncfsm_work_launched(s.w[0]), 0); /* never reached the backend */
+  assert_non_null(strstr(ncfsm_comm_last_error(comm), "ncfsm_allreduce: illegal in state"));
+  release_all(&s);
+  teardown_all(loop, &comm, 1);
+}
+
+/* An argument error is not handed off: the call waits for the lock and returns the error
+ * with its message, as without a hand-off. */
+static void test_argument_error_waits(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  sub s = {.first = 0, .n = 1, .dtype = (ncfsm_dtype_t)99, .split = 1};
+  pthread_mutex_lock(&loop->mu);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
+  bool early = returned_within(&s, 1, 100);
+  pthread_mutex_unlock(&loop->mu);
+  pthread_join(th, NULL);
+  assert_false(early);
+  assert_int_equal(s.rc[0], NCFSM_ERR_INVALID_ARGUMENT);
+  assert_null(s.w[0]);
+  assert_non_null(strstr(ncfsm_comm_last_error(comm), "datatype"));
+  assert_int_equal(loop->handoffs, 0);
+  teardown_all(loop, &comm, 1);
+}
+
+/* A group open on the loop (this thread's): another thread's op waits for the lock. */
+static void test_open_group_waits(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
+  sub s = {.first = 0, .n = 1, .dtype = NCFSM_FLOAT32, .split = 1};
+  pthread_mutex_lock(&loop->mu);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
+  bool early = returned_within(&s, 1, 100);
+  pthread_mutex_unlock(&loop->mu);
+  pthread_join(th, NULL);
+  assert_false(early);
+  assert_int_equal(s.rc[0], NCFSM_OK); /* its own batch: the group holds none of the comm's ops */
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  run_until_callbacks(loop, 1);
+  assert_int_equal(atomic_load(&statuses[0]), NCFSM_OK);
+  assert_int_equal(loop->handoffs, 0);
+  release_all(&s);
+  teardown_all(loop, &comm, 1);
+}
+
+/* A close that follows a handed-off op takes it first: the op completes before the
+ * comm is finalized. */
+static void *close_after_submit(void *arg) {
+  sub *s = arg;
+  submitter(s);
+  s->rc[1] = ncfsm_comm_close(comm, NULL, NULL);
+  return NULL;
+}
+
+static void test_close_takes_handoffs_first(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  sub s = {.first = 0, .n = 1, .dtype = NCFSM_FLOAT32, .split = 1};
+  pthread_mutex_lock(&loop->mu);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, close_after_submit, &s), 0);
+  assert_true(returned_within(&s, 1, 5000));
+  pthread_mutex_unlock(&loop->mu);
+  pthread_join(th, NULL);
+  assert_int_equal(s.rc[0], NCFSM_OK);
+  assert_int_equal(s.rc[1], NCFSM_OK);
+  run_until_callbacks(loop, 1);
+  run_until_state(loop, comm, NCFSM_STATE_RELEASED); /* ncfsm_comm_close releases it when closed */
+  assert_int_equal(atomic_load(&statuses[0]), NCFSM_OK);
+  assert_int_equal(ncfsm_work_state(s.w[0]), NCFSM_WORK_COMPLETED);
+  release_all(&s);
+  assert_int_equal(ncfsm_loop_close(loop), NCFSM_OK);
+}
+
+/* A stream from another thread while the lock is taken, in rounds: the works come back
+ * through the loop's spare stack, and the pool's idle trim gives that back too. */
+static void test_spare_works_reused_and_trimmed(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  int done = 0;
+  for (int round = 0; round < 40; round++) {
+    sub s = {.first = 0, .n = NOPS, .dtype = NCFSM_FLOAT32, .split = NOPS};
+    atomic_store(&ncb, 0);
+    pthread_mutex_lock(&loop->mu);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
+    assert_true(returned_within(&s, NOPS, 5000));
+    pthread_mutex_unlock(&loop->mu);
+    pthread_join(th, NULL);
+    run_until_callbacks(loop, NOPS);
+    release_all(&s);
+    done += NOPS;
+  }
+  assert_int_equal(loop->handoffs, (uint64_t)done);
+  pthread_mutex_lock(&loop->mu);
+  assert_non_null(atomic_load(&loop->spare)); /* the pool past its quarantine, for the next hand-offs */
+  ncfsm__pool_trim(loop);
+  assert_null(atomic_load(&loop->spare));
+  pthread_mutex_unlock(&loop->mu);
+  teardown_all(loop, &comm, 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_handoff_returns_without_the_lock),
+      cmocka_unit_test(test_locked_call_does_not_overtake),
+      cmocka_unit_test(test_recheck_at_take),
+      cmocka_unit_test(test_argument_error_waits),
+      cmocka_unit_test(test_open_group_waits),
+      cmocka_unit_test(test_close_takes_handoffs_first),
+      cmocka_unit_test(test_spare_works_reused_and_trimmed),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
