@@ -83,6 +83,7 @@
 #include "core/nccl_dl.h"
 #include "ncfsm.h"
 #include "ncfsm/bootstrap.h"
+#include "ncfsm/introspect.h"
 
 /* ---- libraries: the ones ncfsm's backend loaded -------------------------------------- */
 
@@ -491,13 +492,15 @@ static void parse(int argc, char **argv, opts *o) {
 
 /* ---- the small-op stream ------------------------------------------------------------------- */
 
-enum { S_RAW_BLOCK, S_RAW_BLOCK_G64, S_NCFSM, S_NCFSM_NOCOAL, S_COUNT };
+enum { S_RAW_BLOCK, S_RAW_BLOCK_G64, S_NCFSM, S_NCFSM_THREAD, S_NCFSM_NOCOAL, S_COUNT };
 static const struct {
   const char *key, *desc;
 } sinfo[S_COUNT] = {
     [S_RAW_BLOCK] = {"raw_block", "raw NCCL, blocking comm: enqueue all, then cudaStreamSynchronize"},
     [S_RAW_BLOCK_G64] = {"raw_block_g64", "raw blocking, ncclGroupStart/End around every 64 (hand coalesced; reference)"},
     [S_NCFSM] = {"ncfsm", "ncfsm: submit all, then ncfsm_loop_run (coalesce_max 64)"},
+    [S_NCFSM_THREAD] = {"ncfsm_thread", "ncfsm, the loop on its own thread: submit all from this one, wait for the last "
+                                        "(submissions made during a turn are handed off)"},
     [S_NCFSM_NOCOAL] = {"ncfsm_nocoal", "ncfsm, coalesce_max 1 (diagnostic)"},
 };
 
@@ -529,9 +532,37 @@ static double stream_run(bench *b, int v, fsm_ctx *nocoal, float *slab, int n) {
       if (f->done - before != n) die("stream: %ld of %d works completed", f->done - before, n);
       break;
     }
+    case S_NCFSM_THREAD: { /* the loop's thread launches while this one submits */
+      fsm_ctx *f = &b->f;
+      long before = f->done;
+      FCK(ncfsm_loop_start_thread(f->loop));
+      t0 = now_us();
+      ncfsm_work *last = NULL;
+      for (int i = 0; i < n; i++)
+        FCK(ncfsm_allreduce(f->comm, slab + 2 * i, slab + 2 * i, 2, NCFSM_FLOAT32, NCFSM_OP_SUM, f->stream, on_done,
+                            f, i == n - 1 ? &last : NULL));
+      FCK(ncfsm_work_wait(last, 0));
+      double us = now_us() - t0;
+      FCK(ncfsm_work_release(last));
+      FCK(ncfsm_loop_stop_thread(f->loop)); /* joined: its callbacks' counts are seen here */
+      if (f->done - before != n) die("stream (loop thread): %ld of %d works completed", f->done - before, n);
+      return us;
+    }
     default: die("bad stream variant");
   }
   return now_us() - t0;
+}
+
+/* The loop's submissions handed off so far (ncfsm_submit_handoffs_total of /metrics). */
+static long loop_handoffs(ncfsm_loop *loop) {
+  char *text = NULL;
+  long n = -1;
+  if (ncfsm_loop_metrics(loop, &text, NULL) == NCFSM_OK && text) {
+    const char *p = strstr(text, "\nncfsm_submit_handoffs_total ");
+    if (p) n = strtol(p + strlen("\nncfsm_submit_handoffs_total "), NULL, 10);
+  }
+  free(text);
+  return n;
 }
 
 /* ---- bandwidth ------------------------------------------------------------------------------ */
@@ -1160,6 +1191,11 @@ int main(int argc, char **argv) {
        ss[v].v[ss[v].n - 1], 100.0 * ss[v].cpu_us / ss[v].wall_us, median(&ss[S_NCFSM]) / median(&ss[v]));
   P0("\n");
   for (int v = 0; v < S_COUNT; v++) P0("KV stream.%s.ops_per_s %.0f\n", sinfo[v].key, median(&ss[v]));
+  long handoffs = loop_handoffs(b->f.loop);
+  if (handoffs < 0) die("ncfsm_loop_metrics: no ncfsm_submit_handoffs_total");
+  P0("KV stream.ncfsm_thread.handoffs %ld\nKV stream.ncfsm_thread.handoff_share %.3f\n\n", handoffs,
+     (double)handoffs / ((sops[S_NCFSM_THREAD] < 500 ? sops[S_NCFSM_THREAD] : 500) +
+                         (double)sops[S_NCFSM_THREAD] * o.stream_rounds)); /* the warm-up's and the rounds' */
 
   /* ---- bandwidth ---- */
   size_t count = o.bw_bytes / sizeof(float);
