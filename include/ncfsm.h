@@ -4,7 +4,9 @@
  * Every call below is thread-safe unless its comment says otherwise. NCCL
  * (and the sim's) communicator calls are only made by the thread that
  * drives the loop (R9, docs/nccl-rules.md); calls from other threads take
- * the loop's lock, do the state bookkeeping and wake the loop, and the
+ * the loop's lock, do the state bookkeeping and wake the loop (an operation
+ * that finds the lock taken while its comm is READY may be handed to the
+ * loop without waiting for it: docs/reference/ops.md), and the
  * blocking ones (destroy, abort, revoke, split) wait for the loop's thread
  * to make the call. Buffers and streams (ncfsm_mem_*, ncfsm_stream_*) are
  * made on the calling thread. Callbacks always run on the loop thread,
