@@ -13,7 +13,8 @@ static void handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
   /* Never into a group: its submitter owned none, whichever thread takes it. */
   if (c->ngroup > 0) {
     r = NCFSM_ERR_WRONG_THREAD;
-    ncfsm__set_error(c, "%s: %s", ncfsm_call_fn(call), ncfsm__m_group.guards[NCFSM__GG_OTHER_THREAD].hint);
+    ncfsm__set_error(c, "%s: illegal in state %s: %s", ncfsm_call_fn(call), ncfsm_state_name((ncfsm_state_t)c->state),
+                     ncfsm__m_comm.guards[NCFSM__CG_GROUP_THREAD].hint);
   } else if (!ncfsm__legal_fast(c->state, call, c->ngroup, c->nranks)) {
     (void)ncfsm__check_legal(c, call, &r);
   }
@@ -24,6 +25,7 @@ static void handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
      * queued (fsm/work.def: QUEUED --FAIL--> FAILED). */
     ncfsm__work_record(loop, c, w);
     ncfsm__work_end(w, NCFSM_WORK_FAILED, r);
+    ncfsm__loop_wake(loop); /* its callback: at the next turn, which a loop asleep needs woken for */
     NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] a %s handed off while the loop was busy failed: %s", c->name, c->rank,
                ncfsm_call_fn(call), c->last_error);
   }
