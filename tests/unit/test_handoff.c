@@ -257,6 +257,53 @@ static void test_spare_works_reused_and_trimmed(void **state) {
   teardown_all(loop, &comm, 1);
 }
 
+/* Threads streaming to a loop on its own thread, each keeping its handles: every work
+ * completes, each thread's works took seqs in the order it submitted them, and some of them
+ * were handed off (the loop's thread was in a turn). */
+#define STREAM_THREADS 3
+#define STREAM_OPS 600
+static float sbufs[STREAM_THREADS][64][4];
+
+typedef struct streamer {
+  int k;
+  ncfsm_work *w[STREAM_OPS];
+  int bad;
+} streamer;
+
+static void *stream_main(void *arg) {
+  streamer *st = arg;
+  for (int i = 0; i < STREAM_OPS; i++) {
+    float *b = sbufs[st->k][i & 63];
+    if (ncfsm_allreduce(comm, b, b, 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, NULL, NULL, &st->w[i]) != NCFSM_OK) st->bad++;
+    if (i % 97 == 96 && ncfsm_work_wait(st->w[i], 10000) != NCFSM_OK) st->bad++; /* now and then, wait */
+  }
+  for (int i = 0; i < STREAM_OPS; i++)
+    if (ncfsm_work_wait(st->w[i], 10000) != NCFSM_OK) st->bad++;
+  return NULL;
+}
+
+static void test_threads_stream_in_order(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  assert_int_equal(ncfsm_loop_start_thread(loop), NCFSM_OK);
+  streamer st[STREAM_THREADS];
+  pthread_t th[STREAM_THREADS];
+  for (int k = 0; k < STREAM_THREADS; k++) {
+    st[k] = (streamer){.k = k};
+    assert_int_equal(pthread_create(&th[k], NULL, stream_main, &st[k]), 0);
+  }
+  for (int k = 0; k < STREAM_THREADS; k++) pthread_join(th[k], NULL);
+  for (int k = 0; k < STREAM_THREADS; k++) {
+    assert_int_equal(st[k].bad, 0);
+    for (int i = 0; i + 1 < STREAM_OPS; i++) assert_true(seq_of(st[k].w[i]) < seq_of(st[k].w[i + 1]));
+    for (int i = 0; i < STREAM_OPS; i++) assert_int_equal(ncfsm_work_release(st[k].w[i]), NCFSM_OK);
+  }
+  assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
+  printf("streams: %llu of %d submissions handed off\n", (unsigned long long)loop->handoffs,
+         STREAM_THREADS * STREAM_OPS);
+  teardown_all(loop, &comm, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_handoff_returns_without_the_lock),
@@ -266,6 +313,7 @@ int main(void) {
       cmocka_unit_test(test_open_group_waits),
       cmocka_unit_test(test_close_takes_handoffs_first),
       cmocka_unit_test(test_spare_works_reused_and_trimmed),
+      cmocka_unit_test(test_threads_stream_in_order),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
