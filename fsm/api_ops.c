@@ -127,11 +127,12 @@ static ncfsm_work *handoff_alloc(ncfsm_loop *loop) {
 
 static bool handoff(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_cb cb, void *arg, ncfsm_work **out) {
   ncfsm_loop *loop = c->loop;
-  /* Released by the machine's state stores (fsm/machine.h): READY was
-   * reached after the comm's size, rank and stream were set. */
-  unsigned st = __atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
-  if (st != NCFSM_STATE_READY || !ncfsm__comm_fast[st][call]) return false; /* READY: no group ops, sized */
-  if (__atomic_load_n(&loop->group_state, __ATOMIC_ACQUIRE) != NCFSM__GS_NONE) return false;
+  /* Published after the step into READY and its action (fsm/comm_fsm.c):
+   * the comm's size, rank and stream are set. In READY no op of the comm is
+   * in a group and it is sized: the cell's guards hold. */
+  if (!atomic_load_explicit(&c->ready_pub, memory_order_acquire) || !ncfsm__comm_fast[NCFSM_STATE_READY][call])
+    return false;
+  if (__atomic_load_n(&loop->group_state, __ATOMIC_RELAXED) != NCFSM__GS_NONE) return false;
   /* A trace sees every submission inside its call (ncfsm-apifuzz checks it): no hand-off. */
   if (__atomic_load_n(&loop->trace, __ATOMIC_RELAXED)) return false;
   if (atomic_load_explicit(&loop->nhandoff, memory_order_relaxed) >= NCFSM__HANDOFF_MAX) return false;
@@ -141,11 +142,15 @@ static bool handoff(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_c
   if (!o->stream) o->stream = c->stream;
   ncfsm__work_init(w, c, call, o, cb, arg, out != NULL);
   if (out) *out = w; /* before the push: the work may be taken, and even final, at once */
+  /* From the push on, the work may complete and its callback let the program
+   * close the loop: ncfsm_loop_close waits until no thread is in here. */
+  atomic_fetch_add_explicit(&loop->handing, 1, memory_order_acq_rel);
+  atomic_fetch_add_explicit(&loop->nhandoff, 1, memory_order_relaxed);
   ncfsm_work *h = atomic_load_explicit(&loop->handoff, memory_order_relaxed);
   do w->next = h;
   while (!atomic_compare_exchange_weak_explicit(&loop->handoff, &h, w, memory_order_release, memory_order_relaxed));
-  atomic_fetch_add_explicit(&loop->nhandoff, 1, memory_order_relaxed);
   if (!h) loop->ops->wake(loop); /* the first on the stack wakes the loop; the turn takes the rest too */
+  atomic_fetch_sub_explicit(&loop->handing, 1, memory_order_release);
   return true;
 }
 

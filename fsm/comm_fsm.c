@@ -104,7 +104,12 @@ void ncfsm__comm_fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm__cev *p) {
     p = &none;
   }
   unsigned from = c->state;
-  if (ncfsm__m_fire(&comm_binding, c, &c->state, ev, p)) return;
+  if (ncfsm__m_fire(&comm_binding, c, &c->state, ev, p)) {
+    bool ready = c->state == NCFSM_STATE_READY; /* the step and its action are done: publish */
+    if (atomic_load_explicit(&c->ready_pub, memory_order_relaxed) != ready)
+      atomic_store_explicit(&c->ready_pub, ready, memory_order_release);
+    return;
+  }
   /* An engine defect, not a user error: the table has no such step. */
   NCFSM_LOG(NCFSM__LOG_ERROR, NCFSM__SUB_FSM, "[%s rank %d] invalid event %s in state %s (engine defect)", c->name,
             c->rank, ncfsm_event_name(ev), ncfsm_state_name((ncfsm_state_t)from));
@@ -115,6 +120,7 @@ void ncfsm__comm_fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm__cev *p) {
                    ncfsm_event_name(ev), ncfsm_state_name((ncfsm_state_t)from));
   ncfsm__cev inv = {.cause = NCFSM_ERR_INVALID_USAGE, .code = NCFSM__NCCL_SUCCESS, .what = c->last_error, .from = from};
   ncfsm__m_fire(&comm_binding, c, &c->state, NCFSM_EV_INVALID, &inv);
+  atomic_store_explicit(&c->ready_pub, c->state == NCFSM_STATE_READY, memory_order_release);
 }
 
 bool ncfsm__comm_can_fire(const ncfsm_comm *c, ncfsm_event_t ev) {
@@ -134,7 +140,9 @@ const unsigned char ncfsm__comm_fast[NCFSM_STATE_COUNT][NCFSM_CALL_COUNT] = {
 #undef FAST_GUARDS
 #undef NCFSM_G
 
-ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why) {
+/* note_group: a refusal fails the caller's open group (R3); false for a
+ * call checked on another thread's behalf (a hand-off's take). */
+static ncfsm_decision_t check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why, bool note_group) {
   const char *rule, *hint;
   ncfsm_state_t s = (ncfsm_state_t)c->state;
   const ncfsm__cell *cl = &ncfsm__comm_cells[s][call];
@@ -159,9 +167,17 @@ ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_resu
     ncfsm__set_error(c, "%s: illegal in state %s (%s): %s", ncfsm_call_fn(call), ncfsm_state_name(s), rule, hint);
   }
   c->loop->stats.reject[s][call]++;
-  ncfsm__group_note_error(c, r);
+  if (note_group) ncfsm__group_note_error(c, r);
   if (why) *why = r;
   return d;
+}
+
+ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why) {
+  return check_legal(c, call, why, true);
+}
+
+ncfsm_decision_t ncfsm__check_legal_for_other(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why) {
+  return check_legal(c, call, why, false);
 }
 
 /* ---- failing ---------------------------------------------------------------------------- */

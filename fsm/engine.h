@@ -39,6 +39,9 @@ bool ncfsm__comm_can_fire(const ncfsm_comm *c, ncfsm_event_t ev);
  * last error (state, call, rule, guard, what to do), counts the refusal,
  * notes it in the caller's open group (R3) and sets *why. */
 ncfsm_decision_t ncfsm__check_legal(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why);
+/* The same for a call made on another thread (a hand-off taken by this one:
+ * fsm/submit.c): a refusal does not touch the group this thread may own. */
+ncfsm_decision_t ncfsm__check_legal_for_other(ncfsm_comm *c, ncfsm_call_t call, ncfsm_result_t *why);
 bool ncfsm__comm_guard(const ncfsm_comm *c, ncfsm__comm_guard_t g, const ncfsm__cev *p);
 
 /* ---- comm_fsm.c: failing ---- */

@@ -70,7 +70,9 @@ static bool loop_ok(const ncfsm_loop *l) { return l && l->magic == NCFSM__LOOP_M
 static ncfsm_result_t lock_loop(ncfsm_loop *loop) {
   int e = pthread_mutex_lock(&loop->mu);
   if (e == EDEADLK) return NCFSM_ERR_INVALID_USAGE;
-  return e ? NCFSM_ERR_SYSTEM : NCFSM_OK;
+  if (e) return NCFSM_ERR_SYSTEM;
+  ncfsm__handoff_turn(loop); /* a snapshot shows this thread's earlier submissions queued */
+  return NCFSM_OK;
 }
 
 static void count_work(snap_comm *s, const ncfsm_work *w) {

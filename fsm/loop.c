@@ -87,6 +87,7 @@ static void on_trim(evutil_socket_t fd, short what, void *arg) {
   ncfsm_loop *loop = arg;
   size_t bytes = 0;
   pthread_mutex_lock(&loop->mu);
+  ncfsm__handoff_turn(loop); /* works waiting there were allocated: the pools are not idle */
   loop->trim_armed = false;
   if (loop->pool.allocs != loop->trim_allocs) {
     if (ncfsm__pool_over(loop)) arm_trim(loop); /* in use: not idle yet */
@@ -285,7 +286,7 @@ struct event_base *ncfsm_loop_base(ncfsm_loop *loop) {
 
 bool ncfsm__loop_pending(ncfsm_loop *loop) {
   if (loop->kick || ncfsm__timer_now(loop) || (loop->nqueued && !ncfsm__group_open(loop)) || loop->notify_head ||
-      loop->snote_head || loop->calls_head)
+      loop->snote_head || loop->calls_head || atomic_load_explicit(&loop->handoff, memory_order_relaxed))
     return true;
   for (ncfsm_comm *c = loop->act_head; c; c = c->act_next) /* not polled: their bootstrap callbacks wake the loop */
     if (c->verify_waits) return true;
@@ -409,6 +410,7 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) 
   r->arg = arg;
   r->next = NULL;
   pthread_mutex_lock(&loop->mu);
+  ncfsm__handoff_turn(loop); /* fn runs after this thread's earlier submissions are queued */
   if (loop->calls_tail) loop->calls_tail->next = r;
   else loop->calls_head = r;
   loop->calls_tail = r;
@@ -427,6 +429,13 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
     return NCFSM_ERR_INVALID_USAGE;
   }
   pthread_mutex_lock(&loop->mu);
+  /* A thread still inside a hand-off may touch the loop after its work was
+   * pushed (and even completed): wait for it, then take what it pushed. */
+  while (atomic_load_explicit(&loop->handing, memory_order_acquire)) {
+    pthread_mutex_unlock(&loop->mu);
+    sched_yield();
+    pthread_mutex_lock(&loop->mu);
+  }
   ncfsm__handoff_turn(loop); /* submissions made before this call join their comms first */
   int open = 0; /* comms the program holds (a recovery's new comm in the making is the recovery's) */
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
@@ -484,6 +493,7 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
 void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return;
   pthread_mutex_lock(&loop->mu);
+  ncfsm__handoff_turn(loop); /* the submissions before this call are not the new trace's */
   loop->trace_arg = arg;
   __atomic_store_n(&loop->trace, fn, __ATOMIC_RELAXED); /* a submitter's hand-off reads it without the lock */
   pthread_mutex_unlock(&loop->mu);

@@ -140,10 +140,11 @@ static inline const ncfsm__mrow *ncfsm__m_fire(const ncfsm__binding *b, void *ob
   if (!r) return 0;
   unsigned from = *state;
   if (__builtin_expect(ncfsm__m_counting, 0)) __atomic_fetch_add(&b->m->hits[r - b->m->rows], 1u, __ATOMIC_RELAXED);
-  /* Released: a thread without the object's lock may read the state (a
-   * submission's hand-off reads its comm's: fsm/api_ops.c); a plain store
-   * on x86, and ordered before the action's writes for such a reader. */
-  __atomic_store_n(state, (unsigned)r->next, __ATOMIC_RELEASE);
+  /* Atomic (a plain store on x86): a thread without the object's lock may
+   * read the state as a hint it checks again under the lock (a submission's
+   * hand-off reads its loop's group state: fsm/api_ops.c). It orders
+   * nothing: what must be seen with a state is published after the action. */
+  __atomic_store_n(state, (unsigned)r->next, __ATOMIC_RELAXED);
   if (b->step) b->step(obj, from, e, r, payload);
   if (r->action) b->acts[r->action](obj, payload);
   if (b->after) b->after(obj, from, e, r, payload);

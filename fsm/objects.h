@@ -248,6 +248,9 @@ struct ncfsm_comm {
   bool on_act;
   ncfsm_comm *att_next;    /* the loop's attention stack (pushed from other threads) */
   _Atomic bool att_queued; /* ... c is on it */
+  /* READY, published once the step into it (and its action: a split child's size and rank)
+   * is done: what a submission's hand-off reads without the lock (fsm/submit.h) */
+  _Atomic bool ready_pub;
   uint64_t seqno;                  /* its place in loop->comms: the newer, the larger (the list's order) */
   int qh_pos;                      /* 1 + its place in the launch heap; 0: its launch queue is empty */
   ncfsm_comm *peer_next;           /* the ring of the comms of this loop with its unique id */
@@ -385,6 +388,7 @@ struct ncfsm_loop {
    * works for such threads, from the pool past its quarantine (taken whole). */
   ncfsm_work *_Atomic handoff;
   _Atomic int nhandoff;            /* on the stack (its bound: NCFSM__HANDOFF_MAX) */
+  _Atomic int handing;             /* threads inside a hand-off (ncfsm_loop_close waits for none) */
   ncfsm_work *_Atomic spare;
   uint64_t handoffs;               /* submissions taken from the stack (/metrics) */
 };
@@ -476,7 +480,8 @@ ncfsm_work *ncfsm__work_alloc(ncfsm_loop *loop);
 size_t ncfsm__pool_trim(ncfsm_loop *loop);
 /* Something in the pools beyond their keep. */
 static inline bool ncfsm__pool_over(const ncfsm_loop *loop) {
-  return loop->nfree > NCFSM__POOL_KEEP || loop->pool.marks_free > NCFSM__MARK_KEEP * loop->ncomms;
+  return loop->nfree > NCFSM__POOL_KEEP || loop->pool.marks_free > NCFSM__MARK_KEEP * loop->ncomms ||
+         atomic_load_explicit(&loop->spare, memory_order_relaxed); /* the hand-offs' spare works (fsm/submit.c) */
 }
 void ncfsm__work_unref(ncfsm_work *w);
 void ncfsm__comm_unref(ncfsm_comm *c);

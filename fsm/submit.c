@@ -5,6 +5,9 @@
 
 #include "fsm/submit.h"
 
+/* Works put on the spare stack per take: what one thread's cache can hold (it takes the stack whole). */
+#define NCFSM__SPARE_MAX 64
+
 /* One handed-off work joins its comm (the lock held). */
 static void handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
   ncfsm_comm *c = w->comm;
@@ -16,7 +19,7 @@ static void handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
     ncfsm__set_error(c, "%s: illegal in state %s: %s", ncfsm_call_fn(call), ncfsm_state_name((ncfsm_state_t)c->state),
                      ncfsm__m_comm.guards[NCFSM__CG_GROUP_THREAD].hint);
   } else if (!ncfsm__legal_fast(c->state, call, c->ngroup, c->nranks)) {
-    (void)ncfsm__check_legal(c, call, &r);
+    (void)ncfsm__check_legal_for_other(c, call, &r); /* the taker's group is not the submitter's */
   }
   if (r == NCFSM_OK) {
     ncfsm__work_enter(loop, c, w, false);
@@ -52,7 +55,7 @@ void ncfsm__handoff_take(ncfsm_loop *loop) {
    * (the oldest), when the spare stack is empty: one chain, taken whole. */
   if (atomic_load_explicit(&loop->spare, memory_order_relaxed)) return;
   ncfsm_work *head = NULL, *tail = NULL;
-  for (int k = 0; k < n && loop->nfree > NCFSM__WORK_QUARANTINE; k++) {
+  for (int k = 0; k < n && k < NCFSM__SPARE_MAX && loop->nfree > NCFSM__WORK_QUARANTINE; k++) {
     ncfsm_work *x = loop->free_head;
     loop->free_head = x->next;
     if (!loop->free_head) loop->free_tail = NULL;

@@ -304,6 +304,152 @@ static void test_threads_stream_in_order(void **state) {
   teardown_all(loop, &comm, 1);
 }
 
+/* ---- interleavings found in review: a gate in a backend or loop hook holds the submitter
+ * at one point of its hand-off (a preemption there) ---- */
+
+static atomic_int gate_entered, gate_go, gate_returned;
+static __thread bool gated;
+static void gate_wait(atomic_int *f) {
+  while (!atomic_load(f)) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+}
+static void gate_reset(void) {
+  atomic_store(&gate_entered, 0);
+  atomic_store(&gate_go, 0);
+  atomic_store(&gate_returned, 0);
+}
+
+static ncfsm__backend gate_be;
+static const ncfsm__backend *orig_be;
+static int gated_stream_device(void *stream, int *dev) {
+  if (gated) { /* the submitter in its argument check: past its READY and group tests */
+    atomic_store(&gate_entered, 1);
+    gate_wait(&gate_go);
+  }
+  return orig_be->stream_device(stream, dev);
+}
+
+typedef struct gsub {
+  ncfsm_comm *c;
+  void *stream;
+  ncfsm_result_t rc;
+  ncfsm_work *w;
+} gsub;
+static void *gsub_main(void *arg) {
+  gsub *g = arg;
+  gated = true;
+  g->rc = ncfsm_allreduce(g->c, bufs[0], bufs[0], 4, NCFSM_FLOAT32, NCFSM_OP_SUM, g->stream, on_done,
+                          (void *)(intptr_t)0, &g->w);
+  atomic_store(&gate_returned, 1);
+  return NULL;
+}
+
+/* Another thread's hand-off refused at its take (its comm failed meanwhile) is checked on the
+ * submitter's behalf: the group the taking thread has open is not touched. */
+static void test_refused_handoff_leaves_takers_group(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  gate_reset();
+  ncfsm_comm *other;
+  ncfsm_sim_opts so;
+  ncfsm_comm_opts o;
+  test_sim_opts(&so);
+  test_comm_opts(&o, &so);
+  make_comms(loop, 1, &o, &other, 0);
+  run_until_state(loop, other, NCFSM_STATE_READY);
+  gsub g = {.c = comm};
+  assert_int_equal(ncfsm_stream_create(comm, &g.stream), NCFSM_OK);
+  pthread_mutex_lock(&loop->mu);
+  orig_be = comm->be;
+  gate_be = *orig_be;
+  gate_be.stream_device = gated_stream_device;
+  comm->be = &gate_be;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, gsub_main, &g), 0);
+  gate_wait(&gate_entered); /* it saw READY and no group: it hands off */
+  pthread_mutex_unlock(&loop->mu);
+  assert_int_equal(ncfsm_group_start(loop), NCFSM_OK); /* this thread's group (nothing on the stack yet) */
+  pthread_mutex_lock(&loop->mu);
+  ncfsm__comm_fail(comm, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_INTERNAL_ERROR, "test: failed meanwhile");
+  pthread_mutex_unlock(&loop->mu);
+  atomic_store(&gate_go, 1);
+  pthread_join(th, NULL);
+  assert_int_equal(g.rc, NCFSM_OK);
+  ncfsm_work *mine = NULL; /* its lock takes the other thread's work */
+  assert_int_equal(ncfsm_allreduce(other, bufs[1], bufs[1], 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, on_done,
+                                   (void *)(intptr_t)1, &mine), NCFSM_OK);
+  assert_int_equal(ncfsm_group_end(loop), NCFSM_OK);
+  run_until_callbacks(loop, 2);
+  assert_int_equal(ncfsm_work_status(mine), NCFSM_OK);
+  assert_int_equal(ncfsm_work_state(g.w), NCFSM_WORK_FAILED);
+  assert_int_equal(ncfsm_work_release(mine), NCFSM_OK);
+  assert_int_equal(ncfsm_work_release(g.w), NCFSM_OK);
+  pthread_mutex_lock(&loop->mu);
+  comm->be = orig_be;
+  pthread_mutex_unlock(&loop->mu);
+  assert_int_equal(ncfsm_stream_destroy(comm, g.stream), NCFSM_OK);
+  ncfsm_comm *both[2] = {comm, other};
+  teardown_all(loop, both, 2);
+}
+
+static ncfsm__loop_ops gate_ops;
+static const ncfsm__loop_ops *orig_ops;
+static void gated_wake(ncfsm_loop *l) {
+  if (gated) { /* the submitter after its push, before its wake */
+    atomic_store(&gate_entered, 1);
+    gate_wait(&gate_go);
+  }
+  orig_ops->wake(l);
+}
+
+typedef struct closer {
+  ncfsm_loop *loop;
+  ncfsm_result_t rc[3];
+  atomic_int done;
+} closer;
+static void *closer_main(void *arg) {
+  closer *k = arg;
+  k->rc[0] = ncfsm_comm_abort(comm);
+  k->rc[1] = ncfsm_comm_release(comm);
+  k->rc[2] = ncfsm_loop_close(k->loop);
+  atomic_store(&k->done, 1);
+  return NULL;
+}
+
+/* The work of a hand-off can complete before its submitter has returned (it still wakes the
+ * loop): a close of the loop then waits for the submitter to leave it. */
+static void test_close_waits_for_submitter(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  gate_reset();
+  gsub g = {.c = comm};
+  pthread_mutex_lock(&loop->mu);
+  orig_ops = loop->ops;
+  gate_ops = *orig_ops;
+  gate_ops.wake = gated_wake;
+  loop->ops = &gate_ops;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, gsub_main, &g), 0);
+  gate_wait(&gate_entered); /* pushed, not yet returned */
+  pthread_mutex_unlock(&loop->mu);
+  run_until_callbacks(loop, 1);
+  assert_int_equal(atomic_load(&gate_returned), 0); /* done, and its call still inside the loop */
+  assert_int_equal(ncfsm_work_release(g.w), NCFSM_OK);
+  closer k = {.loop = loop};
+  pthread_t tc;
+  assert_int_equal(pthread_create(&tc, NULL, closer_main, &k), 0);
+  struct timespec ts = {0, 100 * 1000000};
+  nanosleep(&ts, NULL);
+  assert_int_equal(atomic_load(&k.done), 0); /* the close waits for the submitter */
+  atomic_store(&gate_go, 1);
+  pthread_join(th, NULL);
+  pthread_join(tc, NULL);
+  assert_int_equal(g.rc, NCFSM_OK);
+  for (int i = 0; i < 3; i++) assert_int_equal(k.rc[i], NCFSM_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_handoff_returns_without_the_lock),
@@ -314,6 +460,8 @@ int main(void) {
       cmocka_unit_test(test_close_takes_handoffs_first),
       cmocka_unit_test(test_spare_works_reused_and_trimmed),
       cmocka_unit_test(test_threads_stream_in_order),
+      cmocka_unit_test(test_refused_handoff_leaves_takers_group),
+      cmocka_unit_test(test_close_waits_for_submitter),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
