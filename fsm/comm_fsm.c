@@ -105,9 +105,9 @@ void ncfsm__comm_fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm__cev *p) {
   }
   unsigned from = c->state;
   if (ncfsm__m_fire(&comm_binding, c, &c->state, ev, p)) {
-    bool ready = c->state == NCFSM_STATE_READY; /* the step and its action are done: publish */
-    if (atomic_load_explicit(&c->ready_pub, memory_order_relaxed) != ready)
-      atomic_store_explicit(&c->ready_pub, ready, memory_order_release);
+    /* the step and its action are done: publish READY (a self-loop, the hot
+     * launch final in READY, changes nothing; a follow-up event published its own) */
+    if (c->state != from) atomic_store_explicit(&c->ready_pub, c->state == NCFSM_STATE_READY, memory_order_release);
     return;
   }
   /* An engine defect, not a user error: the table has no such step. */
