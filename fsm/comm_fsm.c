@@ -78,6 +78,8 @@ static inline __attribute__((always_inline)) void step_fn(void *obj, unsigned fr
               ncfsm__m_comm.guards[r->guard].name, ncfsm__m_comm.actions[r->action].name, r->rule,
               ncfsm_state_name((ncfsm_state_t)next));
   if (next != from) { /* a self-loop (a launch final in READY, the hot path) changes none of these */
+    if (from == NCFSM_STATE_READY) /* no hand-off from here on (fsm/submit.h); READY is published after its action */
+      atomic_store_explicit(&c->ready_pub, false, memory_order_relaxed);
     ncfsm__comm_enlist(c); /* the turns look at it until it has nothing to do */
     uint64_t now = ncfsm__now_ns();
     c->state_since_ns = now;
@@ -92,8 +94,21 @@ static inline __attribute__((always_inline)) void step_fn(void *obj, unsigned fr
     note_state(c, p->nranks > 0 ? p->rank : c->rank, from, next, ev, p->cause);
 }
 
+/* After the action of a step into READY (a split child's size and rank are set by then):
+ * READY is published for a submission's hand-off (fsm/submit.h), unless a follow-up event of
+ * the action left it already. Only then is the comm read: a step elsewhere may have freed it
+ * (RELEASE). */
+static inline __attribute__((always_inline)) void after_fn(void *obj, unsigned from, unsigned ev,
+                                                         const ncfsm__mrow *r, void *payload) {
+  (void)ev;
+  (void)payload;
+  if (r->next != NCFSM_STATE_READY || from == NCFSM_STATE_READY) return;
+  ncfsm_comm *c = obj;
+  atomic_store_explicit(&c->ready_pub, c->state == NCFSM_STATE_READY, memory_order_release);
+}
+
 extern void (*const ncfsm__comm_acts[NCFSM__CA_COUNT])(void *, void *);
-static const ncfsm__binding comm_binding = {&ncfsm__m_comm, guard_fn, ncfsm__comm_acts, step_fn, NULL};
+static const ncfsm__binding comm_binding = {&ncfsm__m_comm, guard_fn, ncfsm__comm_acts, step_fn, after_fn};
 
 /* ---- fire --------------------------------------------------------------------------- */
 
@@ -104,12 +119,7 @@ void ncfsm__comm_fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm__cev *p) {
     p = &none;
   }
   unsigned from = c->state;
-  if (ncfsm__m_fire(&comm_binding, c, &c->state, ev, p)) {
-    /* the step and its action are done: publish READY (a self-loop, the hot
-     * launch final in READY, changes nothing; a follow-up event published its own) */
-    if (c->state != from) atomic_store_explicit(&c->ready_pub, c->state == NCFSM_STATE_READY, memory_order_release);
-    return;
-  }
+  if (ncfsm__m_fire(&comm_binding, c, &c->state, ev, p)) return;
   /* An engine defect, not a user error: the table has no such step. */
   NCFSM_LOG(NCFSM__LOG_ERROR, NCFSM__SUB_FSM, "[%s rank %d] invalid event %s in state %s (engine defect)", c->name,
             c->rank, ncfsm_event_name(ev), ncfsm_state_name((ncfsm_state_t)from));
@@ -120,7 +130,6 @@ void ncfsm__comm_fire(ncfsm_comm *c, ncfsm_event_t ev, ncfsm__cev *p) {
                    ncfsm_event_name(ev), ncfsm_state_name((ncfsm_state_t)from));
   ncfsm__cev inv = {.cause = NCFSM_ERR_INVALID_USAGE, .code = NCFSM__NCCL_SUCCESS, .what = c->last_error, .from = from};
   ncfsm__m_fire(&comm_binding, c, &c->state, NCFSM_EV_INVALID, &inv);
-  atomic_store_explicit(&c->ready_pub, c->state == NCFSM_STATE_READY, memory_order_release);
 }
 
 bool ncfsm__comm_can_fire(const ncfsm_comm *c, ncfsm_event_t ev) {
