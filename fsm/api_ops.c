@@ -142,15 +142,23 @@ static bool handoff(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_c
   if (!o->stream) o->stream = c->stream;
   ncfsm__work_init(w, c, call, o, cb, arg, out != NULL);
   if (out) *out = w; /* before the push: the work may be taken, and even final, at once */
-  /* From the push on, the work may complete and its callback let the program
-   * close the loop: ncfsm_loop_close waits until no thread is in here. */
-  atomic_fetch_add_explicit(&loop->handing, 1, memory_order_acq_rel);
   atomic_fetch_add_explicit(&loop->nhandoff, 1, memory_order_relaxed);
+  /* From the push on, the work may complete and its callback let the program
+   * close the loop. Only the first on the stack uses the loop after its push
+   * (to wake it): it counts itself in before, and ncfsm_loop_close waits
+   * until no thread is counted. */
+  bool counted = false;
   ncfsm_work *h = atomic_load_explicit(&loop->handoff, memory_order_relaxed);
-  do w->next = h;
-  while (!atomic_compare_exchange_weak_explicit(&loop->handoff, &h, w, memory_order_release, memory_order_relaxed));
+  for (;;) {
+    if (!h && !counted) {
+      atomic_fetch_add_explicit(&loop->handing, 1, memory_order_acq_rel);
+      counted = true;
+    }
+    w->next = h;
+    if (atomic_compare_exchange_weak_explicit(&loop->handoff, &h, w, memory_order_release, memory_order_relaxed)) break;
+  }
   if (!h) loop->ops->wake(loop); /* the first on the stack wakes the loop; the turn takes the rest too */
-  atomic_fetch_sub_explicit(&loop->handing, 1, memory_order_release);
+  if (counted) atomic_fetch_sub_explicit(&loop->handing, 1, memory_order_release);
   return true;
 }
 
