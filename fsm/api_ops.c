@@ -84,15 +84,15 @@ static inline __attribute__((always_inline)) ncfsm_result_t validate(ncfsm_comm 
  * another submitter) does not wait for it when the call is one the comm
  * takes in READY and no group is open on the loop: it checks the arguments,
  * fills a work from a cache of its own, pushes it on the loop's lock-free
- * stack, wakes the loop and returns. The next holder of the lock that
- * queues work (a turn, a submission, a group start) takes the stack in the
- * order it was pushed and enters each work as the locked path would, after
- * checking the call again in the comm's state then: a comm that left READY
- * in between fails the work with that check's error (its status and
+ * stack, wakes the loop and returns. The next holder of the lock (a turn, a
+ * submission, every public call that takes it: fsm/submit.h) takes the stack
+ * in the order it was pushed and enters each work as the locked path would,
+ * after checking the call again in the comm's state then: a comm that left
+ * READY in between fails the work with that check's error (its status and
  * callback, and the comm's last error), as it fails a work queued just
  * before such a change. Everything else (a group open, another state, an
- * argument error, a full stack, a trace callback set) takes the lock and the locked path, whose
- * result and message are the call's. */
+ * argument error, a full stack, a trace callback set) takes the lock and
+ * the locked path, whose result and message are the call's. */
 
 /* Works this thread took for hand-offs: from a loop's spare stack (the pool
  * past its quarantine) or the allocator; freed when the thread exits. */
