@@ -43,7 +43,7 @@ static inline __attribute__((always_inline)) ncfsm_result_t validate(ncfsm_comm 
                                     NCFSM__KIND(SCATTER))
                     ? (size_t)c->nranks
                     : 1;
-  if (__builtin_mul_overflow(o->count, ncfsm_dtype_size(o->dtype), &bytes) ||
+  if (__builtin_mul_overflow(o->count, ncfsm__dtype_bytes(o->dtype), &bytes) ||
       __builtin_mul_overflow(bytes, mult, &total) || total > (size_t)PTRDIFF_MAX) {
     ARG_ERROR("%s: argument count: %zu elements of %s%s overflow the address space", ncfsm_call_fn(call),
                      o->count, ncfsm_dtype_name(o->dtype), mult > 1 ? " times nranks" : "");

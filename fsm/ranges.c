@@ -136,9 +136,8 @@ static bool clear_of(const ncfsm__rcomm *t, uintptr_t lo, uintptr_t hi) {
   return lo >= t->hw || hi <= t->lw || (lo >= t->glo && hi <= t->ghi);
 }
 
-static void spanset_insert_work(ncfsm__spanset *ss, const ncfsm_work *w) {
-  if (!w->nspan) return;
-  ncfsm__rcomm *t = comm_trees(ss, (uintptr_t)w->comm, true);
+/* w's ranges into t, its comm's trees (comm_trees(..., true)). */
+static void spanset_insert_in(ncfsm__spanset *ss, ncfsm__rcomm *t, const ncfsm_work *w) {
   for (int i = 0; i < w->nspan; i++) {
     uintptr_t lo = w->span[i].lo, hi = w->span[i].hi;
     /* the gap above this range: without end above the high mark, up to the
@@ -155,10 +154,26 @@ static void spanset_insert_work(ncfsm__spanset *ss, const ncfsm_work *w) {
   ss->works[ss->nworks++] = w;
 }
 
+static void spanset_insert_work(ncfsm__spanset *ss, const ncfsm_work *w) {
+  if (w->nspan) spanset_insert_in(ss, comm_trees(ss, (uintptr_t)w->comm, true), w);
+}
+
+/* Does w overlap what t (its comm's trees, NULL: none yet) took? */
+static bool spanset_hit(ncfsm__spanset *ss, ncfsm__rcomm *t, const ncfsm_work *w) {
+  if (!t) return false;
+  for (int i = 0; i < w->nspan; i++) {
+    if (clear_of(t, w->span[i].lo, w->span[i].hi)) continue; /* the marks or the gap: nothing there */
+    if (!t->tree) build_trees(ss, t); /* the exact fallback: the trees answer from now on */
+    if (tree_hit(ss->node, t->w, w->span[i].lo, w->span[i].hi)) return true;
+    if (w->span[i].write && tree_hit(ss->node, t->r, w->span[i].lo, w->span[i].hi)) return true;
+  }
+  return false;
+}
+
 /* Bytes each buffer of an op touches on this rank. */
 static void work_spans(ncfsm_work *w) {
   const ncfsm__op *o = &w->op;
-  size_t es = ncfsm_dtype_size(o->dtype), nr = (size_t)w->comm->nranks;
+  size_t es = ncfsm__dtype_bytes(o->dtype), nr = (size_t)w->comm->nranks;
   size_t in = o->count * es, out = o->count * es;
   bool is_root = w->comm->rank == o->root;
   switch (o->kind) {
@@ -211,16 +226,17 @@ bool ncfsm__spanset_take(ncfsm__spanset *ss, const ncfsm__batch *b) {
     }
     ss->lazy_head = ss->lazy_tail = NULL;
   }
-  for (const ncfsm_work *w = b->head; w; w = w->bnext) {
-    ncfsm__rcomm *t = comm_trees(ss, (uintptr_t)w->comm, false);
-    if (!t) continue;
-    for (int i = 0; i < w->nspan; i++) {
-      if (clear_of(t, w->span[i].lo, w->span[i].hi)) continue; /* the marks or the gap: nothing there */
-      if (!t->tree) build_trees(ss, t); /* the exact fallback: the trees answer from now on */
-      if (tree_hit(ss->node, t->w, w->span[i].lo, w->span[i].hi)) return true;
-      if (w->span[i].write && tree_hit(ss->node, t->r, w->span[i].lo, w->span[i].hi)) return true;
-    }
+  if (b->nworks == 1) { /* the coalesced stream's case: one lookup of its comm for the check and the insert */
+    const ncfsm_work *w = b->head;
+    if (ss->nspans + 2 > ss->cap) return true; /* full: next launch */
+    if (!w->nspan) return false;
+    ncfsm__rcomm *t = comm_trees(ss, (uintptr_t)w->comm, true); /* a new comm's trees are empty */
+    if (spanset_hit(ss, t, w)) return true;
+    spanset_insert_in(ss, t, w);
+    return false;
   }
+  for (const ncfsm_work *w = b->head; w; w = w->bnext)
+    if (spanset_hit(ss, comm_trees(ss, (uintptr_t)w->comm, false), w)) return true;
   if (ss->nspans + 2 * b->nworks > ss->cap) return true; /* full: next launch */
   for (const ncfsm_work *w = b->head; w; w = w->bnext) spanset_insert_work(ss, w);
   return false;

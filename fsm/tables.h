@@ -86,6 +86,17 @@ int ncfsm__comm_lint(void (*report)(void *arg, const char *defect), void *arg);
 /* The guards the legality cells use (for ncfsm__m_lint). */
 unsigned long long ncfsm__comm_cell_guards(void);
 
+/* A data type's size in bytes, 0 for an unknown type: ncfsm_dtype_size inline (every
+ * submission checks its size, every launch of several ops computes its ranges). */
+static inline size_t ncfsm__dtype_bytes(ncfsm_dtype_t t) {
+  static const unsigned char size[NCFSM_DTYPE_COUNT] = {
+#define NCFSM__DTB(name, v, bytes) [v] = bytes,
+      NCFSM_DTYPE_MAP(NCFSM__DTB)
+#undef NCFSM__DTB
+  };
+  return (unsigned)t < NCFSM_DTYPE_COUNT ? size[t] : 0;
+}
+
 /* ---- work (fsm/work.def): states are public (ncfsm_work_state_t) ------------- */
 #define NCFSM_M_DEF "fsm/work.def"
 #define NCFSM_M_E(n) NCFSM__WE_##n
