@@ -6,6 +6,7 @@
  * holds the lock itself (the loop's thread in a long turn, as far as a submitter can tell).
  * Also built under TSan (label threads). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -304,6 +305,71 @@ static void test_threads_stream_in_order(void **state) {
   teardown_all(loop, &comm, 1);
 }
 
+/* Threads streaming while the comm fails under them (the loop on its own thread): every
+ * call either returned an error or gave a work that reaches a final state with exactly one
+ * callback; the works submitted after the failure never reached the backend as OK. */
+static atomic_int fcb_count, fcb_ok, fsubmitted;
+static void on_fail_stream(ncfsm_work *w, ncfsm_result_t st, void *arg) {
+  (void)w;
+  (void)arg;
+  atomic_fetch_add(&fcb_count, 1);
+  if (st == NCFSM_OK) atomic_fetch_add(&fcb_ok, 1);
+}
+
+typedef struct fstreamer {
+  int k, accepted, refused;
+} fstreamer;
+
+#define FAIL_OPS 4000
+static void *fail_stream_main(void *arg) {
+  fstreamer *st = arg;
+  for (int i = 0; i < FAIL_OPS; i++) {
+    if (i % 64 == 63) sched_yield(); /* paced: the failure lands while they submit */
+    float *b = sbufs[st->k][i & 63];
+    if (ncfsm_allreduce(comm, b, b, 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, on_fail_stream, NULL, NULL) == NCFSM_OK)
+      st->accepted++;
+    else
+      st->refused++;
+    atomic_fetch_add(&fsubmitted, 1);
+  }
+  return NULL;
+}
+
+static void test_comm_fails_under_streams(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  atomic_store(&fcb_count, 0);
+  atomic_store(&fcb_ok, 0);
+  atomic_store(&fsubmitted, 0);
+  assert_int_equal(ncfsm_loop_start_thread(loop), NCFSM_OK);
+  fstreamer st[STREAM_THREADS];
+  pthread_t th[STREAM_THREADS];
+  for (int k = 0; k < STREAM_THREADS; k++) {
+    st[k] = (fstreamer){.k = k};
+    assert_int_equal(pthread_create(&th[k], NULL, fail_stream_main, &st[k]), 0);
+  }
+  while (atomic_load(&fsubmitted) < FAIL_OPS / 2) sched_yield(); /* a sixth of them made */
+  pthread_mutex_lock(&loop->mu);
+  ncfsm__comm_fail(comm, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_INTERNAL_ERROR, "test: failed mid-stream");
+  pthread_mutex_unlock(&loop->mu);
+  for (int k = 0; k < STREAM_THREADS; k++) pthread_join(th[k], NULL);
+  int accepted = 0;
+  for (int k = 0; k < STREAM_THREADS; k++) {
+    accepted += st[k].accepted;
+    assert_int_equal(st[k].accepted + st[k].refused, FAIL_OPS);
+  }
+  for (int i = 0; i < 20000 && atomic_load(&fcb_count) < accepted; i++) {
+    struct timespec t1 = {0, 1000000};
+    nanosleep(&t1, NULL);
+  }
+  assert_int_equal(atomic_load(&fcb_count), accepted); /* one callback per accepted call, none lost */
+  assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
+  assert_int_equal(atomic_load(&fcb_count), accepted); /* and none twice */
+  printf("failed mid-stream: %d accepted (%d completed), %d refused, %llu handed off\n", accepted,
+         atomic_load(&fcb_ok), STREAM_THREADS * FAIL_OPS - accepted, (unsigned long long)loop->handoffs);
+  teardown_all(loop, &comm, 1);
+}
+
 /* ---- interleavings found in review: a gate in a backend or loop hook holds the submitter
  * at one point of its hand-off (a preemption there) ---- */
 
@@ -460,6 +526,7 @@ int main(void) {
       cmocka_unit_test(test_close_takes_handoffs_first),
       cmocka_unit_test(test_spare_works_reused_and_trimmed),
       cmocka_unit_test(test_threads_stream_in_order),
+      cmocka_unit_test(test_comm_fails_under_streams),
       cmocka_unit_test(test_refused_handoff_leaves_takers_group),
       cmocka_unit_test(test_close_waits_for_submitter),
   };
