@@ -63,6 +63,14 @@ static bool returned_within(sub *s, int n, int ms) {
   return atomic_load(&s->returned) >= n;
 }
 
+/* The lock taken (as the loop's thread in a turn holds it), s submits on a thread of its own;
+ * true when n of its calls returned within ms. The lock stays held. */
+static bool submit_while_locked(ncfsm_loop *loop, sub *s, pthread_t *th, int n, int ms) {
+  pthread_mutex_lock(&loop->mu);
+  assert_int_equal(pthread_create(th, NULL, submitter, s), 0);
+  return returned_within(s, n, ms);
+}
+
 static ncfsm_loop *setup(void) {
   atomic_store(&ncb, 0);
   for (int i = 0; i < NOPS; i++) atomic_store(&order[i], -1), atomic_store(&statuses[i], -1);
@@ -89,10 +97,8 @@ static void test_handoff_returns_without_the_lock(void **state) {
   (void)state;
   ncfsm_loop *loop = setup();
   sub s = {.first = 0, .n = 3, .dtype = NCFSM_FLOAT32, .split = 3};
-  pthread_mutex_lock(&loop->mu);
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
-  bool back = returned_within(&s, 3, 5000);
+  bool back = submit_while_locked(loop, &s, &th, 3, 5000);
   int pending = atomic_load(&loop->nhandoff);
   pthread_mutex_unlock(&loop->mu);
   pthread_join(th, NULL);
@@ -120,10 +126,8 @@ static void test_locked_call_does_not_overtake(void **state) {
   (void)state;
   ncfsm_loop *loop = setup();
   sub s = {.first = 0, .n = 4, .dtype = NCFSM_FLOAT32, .split = 2};
-  pthread_mutex_lock(&loop->mu);
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
-  assert_true(returned_within(&s, 2, 5000));
+  assert_true(submit_while_locked(loop, &s, &th, 2, 5000));
   pthread_mutex_unlock(&loop->mu);
   atomic_store(&s.go_second, 1); /* ops 2 and 3 find the lock free: the locked path */
   pthread_join(th, NULL);
@@ -142,10 +146,8 @@ static void test_recheck_at_take(void **state) {
   (void)state;
   ncfsm_loop *loop = setup();
   sub s = {.first = 0, .n = 1, .dtype = NCFSM_FLOAT32, .split = 1};
-  pthread_mutex_lock(&loop->mu);
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
-  assert_true(returned_within(&s, 1, 5000));
+  assert_true(submit_while_locked(loop, &s, &th, 1, 5000));
   pthread_join(th, NULL);
   ncfsm__comm_fail(comm, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_INTERNAL_ERROR, "test: failed meanwhile");
   pthread_mutex_unlock(&loop->mu);
@@ -165,10 +167,8 @@ static void test_argument_error_waits(void **state) {
   (void)state;
   ncfsm_loop *loop = setup();
   sub s = {.first = 0, .n = 1, .dtype = (ncfsm_dtype_t)99, .split = 1};
-  pthread_mutex_lock(&loop->mu);
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
-  bool early = returned_within(&s, 1, 100);
+  bool early = submit_while_locked(loop, &s, &th, 1, 100);
   pthread_mutex_unlock(&loop->mu);
   pthread_join(th, NULL);
   assert_false(early);
@@ -185,10 +185,8 @@ static void test_open_group_waits(void **state) {
   ncfsm_loop *loop = setup();
   assert_int_equal(ncfsm_group_start(loop), NCFSM_OK);
   sub s = {.first = 0, .n = 1, .dtype = NCFSM_FLOAT32, .split = 1};
-  pthread_mutex_lock(&loop->mu);
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
-  bool early = returned_within(&s, 1, 100);
+  bool early = submit_while_locked(loop, &s, &th, 1, 100);
   pthread_mutex_unlock(&loop->mu);
   pthread_join(th, NULL);
   assert_false(early);
@@ -239,10 +237,8 @@ static void test_spare_works_reused_and_trimmed(void **state) {
   for (int round = 0; round < 40; round++) {
     sub s = {.first = 0, .n = NOPS, .dtype = NCFSM_FLOAT32, .split = NOPS};
     atomic_store(&ncb, 0);
-    pthread_mutex_lock(&loop->mu);
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, submitter, &s), 0);
-    assert_true(returned_within(&s, NOPS, 5000));
+    assert_true(submit_while_locked(loop, &s, &th, NOPS, 5000));
     pthread_mutex_unlock(&loop->mu);
     pthread_join(th, NULL);
     run_until_callbacks(loop, NOPS);
@@ -350,7 +346,8 @@ static void test_comm_fails_under_streams(void **state) {
   }
   while (atomic_load(&fsubmitted) < FAIL_OPS / 2) sched_yield(); /* a sixth of them made */
   pthread_mutex_lock(&loop->mu);
-  ncfsm__comm_fail(comm, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_INTERNAL_ERROR, "test: failed mid-stream");
+  ncfsm__comm_fail(comm, NCFSM_EV_ASYNC_ERROR, NCFSM_ERR_BACKEND, NCFSM__NCCL_INTERNAL_ERROR,
+                   "test: failed mid-stream");
   pthread_mutex_unlock(&loop->mu);
   for (int k = 0; k < STREAM_THREADS; k++) pthread_join(th[k], NULL);
   int accepted = 0;
