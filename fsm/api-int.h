@@ -10,7 +10,7 @@
 #include "fsm/loop-int.h"
 
 /* Every public call that takes the lock first takes the submissions other
- * threads handed off meanwhile (fsm/api_ops.c): a call never overtakes a
+ * threads handed off meanwhile (fsm/submit.h): a call never overtakes a
  * submission made before it (a close, a group start, a wait). */
 #define NCFSM__LOCK(l)              \
   do {                              \

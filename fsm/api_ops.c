@@ -16,7 +16,8 @@
 /* quiet: no message (a hand-off's check: the locked path that follows a
  * refusal says why). */
 #define ARG_ERROR(...) (quiet ? (void)0 : ncfsm__set_error(c, __VA_ARGS__))
-static inline __attribute__((always_inline)) ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op *o, bool quiet) {
+static inline __attribute__((always_inline)) ncfsm_result_t validate(ncfsm_comm *c, ncfsm_call_t call,
+                                                                   const ncfsm__op *o, bool quiet) {
   if ((unsigned)o->dtype >= NCFSM_DTYPE_COUNT) {
     ARG_ERROR("%s: argument datatype: unknown dtype %d (valid: 0..%d, ncfsm_dtype_t)", ncfsm_call_fn(call),
                      (int)o->dtype, NCFSM_DTYPE_COUNT - 1);
@@ -39,8 +40,8 @@ static inline __attribute__((always_inline)) ncfsm_result_t validate(ncfsm_comm 
     return NCFSM_ERR_INVALID_ARGUMENT;
   }
   size_t bytes, total;
-  size_t mult = ncfsm__kind_in(o->kind, NCFSM__KIND(ALLGATHER) | NCFSM__KIND(REDUCESCATTER) | NCFSM__KIND(ALLTOALL) | NCFSM__KIND(GATHER) |
-                                    NCFSM__KIND(SCATTER))
+  size_t mult = ncfsm__kind_in(o->kind, NCFSM__KIND(ALLGATHER) | NCFSM__KIND(REDUCESCATTER) | NCFSM__KIND(ALLTOALL) |
+                                            NCFSM__KIND(GATHER) | NCFSM__KIND(SCATTER))
                     ? (size_t)c->nranks
                     : 1;
   if (__builtin_mul_overflow(o->count, ncfsm__dtype_bytes(o->dtype), &bytes) ||

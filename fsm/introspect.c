@@ -51,7 +51,7 @@ typedef struct snap {
   int group_depth, nqueued, ncomms;
   ncfsm__pool_stats pool;
   int works_free; /* works on the loop's free list */
-  uint64_t handoffs; /* submissions handed off while the lock was taken (fsm/api_ops.c) */
+  uint64_t handoffs; /* submissions handed off while the lock was taken (fsm/submit.h) */
   ncfsm__coalesce co; /* the coalescing cap and its fit */
   snap_comm *comms;
   ncfsm__rec_entry *tails; /* storage of every comm's tail */

@@ -114,7 +114,7 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
     ncfsm__enlist_all(loop);
   }
   ncfsm__attend_turn(loop); /* comms another thread gave something to look at */
-  ncfsm__handoff_turn(loop); /* submissions made while the lock was taken (fsm/api_ops.c) */
+  ncfsm__handoff_turn(loop); /* submissions made while the lock was taken (fsm/submit.h) */
   /* Progress (a state change, a completion) and a launch restart the
    * burst; the poll is armed once, at the end of the turn. */
   bool hint = ncfsm__progress(loop);

@@ -8,8 +8,8 @@
 /* Works put on the spare stack per take: what one thread's cache can hold (it takes the stack whole). */
 #define NCFSM__SPARE_MAX 64
 
-/* One handed-off work joins its comm (the lock held). */
-static void handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
+/* One handed-off work joins its comm (the lock held); false: it failed its check. */
+static bool handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
   ncfsm_comm *c = w->comm;
   ncfsm_call_t call = (ncfsm_call_t)w->call;
   ncfsm_result_t r = NCFSM_OK;
@@ -29,9 +29,8 @@ static void handoff_enter(ncfsm_loop *loop, ncfsm_work *w) {
     ncfsm__work_record(loop, c, w);
     ncfsm__work_end(w, NCFSM_WORK_FAILED, r);
     ncfsm__loop_wake(loop); /* its callback: at the next turn, which a loop asleep needs woken for */
-    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] a %s handed off while the loop was busy failed: %s", c->name, c->rank,
-               ncfsm_call_fn(call), c->last_error);
   }
+  return r == NCFSM_OK;
 }
 
 void ncfsm__handoff_take(ncfsm_loop *loop) {
@@ -46,11 +45,18 @@ void ncfsm__handoff_take(ncfsm_loop *loop) {
   atomic_fetch_sub_explicit(&loop->nhandoff, n, memory_order_relaxed);
   loop->handoffs += (uint64_t)n;
   loop->pool.allocs += (uint64_t)n;
+  int failed = 0;
+  ncfsm_comm *first = NULL; /* the comm of the first that failed: its last error says why */
   for (ncfsm_work *next; fifo; fifo = next) {
     next = fifo->next;
     fifo->next = NULL;
-    handoff_enter(loop, fifo);
+    ncfsm_comm *c = fifo->comm;
+    if (!handoff_enter(loop, fifo) && !failed++) first = c;
   }
+  if (failed) /* one warning per take: a comm failing under a stream fails many */
+    NCFSM_WARN(NCFSM__SUB_FSM, "[%s rank %d] %d of %d submissions handed off while the loop was busy failed their "
+                               "check; the first: %s",
+               first->name, first->rank, failed, n, first->last_error);
   /* As many works for the next hand-offs, from the pool past its quarantine
    * (the oldest), when the spare stack is empty: one chain, taken whole. */
   if (atomic_load_explicit(&loop->spare, memory_order_relaxed)) return;

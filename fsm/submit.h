@@ -17,7 +17,9 @@
 #define NCFSM__KIND(k) (1u << NCFSM_KIND_##k)
 _Static_assert(NCFSM_OPKIND_COUNT <= 32, "the kinds fit a bit set");
 static inline bool ncfsm__kind_in(ncfsm_opkind_t k, unsigned set) { return (unsigned)k < 32 && ((1u << k) & set); }
-static inline bool ncfsm__op_reduces(ncfsm_opkind_t k) { return ncfsm__kind_in(k, NCFSM__KIND(ALLREDUCE) | NCFSM__KIND(REDUCE) | NCFSM__KIND(REDUCESCATTER)); }
+static inline bool ncfsm__op_reduces(ncfsm_opkind_t k) {
+  return ncfsm__kind_in(k, NCFSM__KIND(ALLREDUCE) | NCFSM__KIND(REDUCE) | NCFSM__KIND(REDUCESCATTER));
+}
 static inline bool ncfsm__op_rooted(ncfsm_opkind_t k) {
   return ncfsm__kind_in(k, NCFSM__KIND(BROADCAST) | NCFSM__KIND(REDUCE) | NCFSM__KIND(GATHER) | NCFSM__KIND(SCATTER));
 }
@@ -25,8 +27,9 @@ static inline bool ncfsm__op_rooted(ncfsm_opkind_t k) {
 /* Every field of a new work that its submission sets (the work's memory
  * comes uninitialised: from the pool, or a hand-off's cache); what needs the
  * loop's lock (the comm's reference, the recorder, the queue) is ncfsm__work_enter's. */
-static inline __attribute__((always_inline)) void ncfsm__work_init(ncfsm_work *w, ncfsm_comm *c, ncfsm_call_t call, const ncfsm__op *o, ncfsm_work_cb cb,
-                      void *arg, bool out) {
+static inline __attribute__((always_inline)) void ncfsm__work_init(ncfsm_work *w, ncfsm_comm *c, ncfsm_call_t call,
+                                                                  const ncfsm__op *o, ncfsm_work_cb cb, void *arg,
+                                                                  bool out) {
   w->magic = NCFSM__WORK_MAGIC;
   w->state = NCFSM_WORK_QUEUED; /* fsm/work.def's initial state */
   w->user_refs = out;
@@ -83,7 +86,8 @@ static inline __attribute__((always_inline)) void ncfsm__work_record(ncfsm_loop 
 
 /* ... and joins the open group (group: the caller owns it) or queues as a
  * batch of its own. */
-static inline __attribute__((always_inline)) void ncfsm__work_enter(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_work *w, bool group) {
+static inline __attribute__((always_inline)) void ncfsm__work_enter(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_work *w,
+                                                                   bool group) {
   ncfsm__work_record(loop, c, w);
   if (group) {
     w->bnext = NULL;
