@@ -11,11 +11,13 @@
 
 /* Every public call that takes the lock first takes the submissions other
  * threads handed off meanwhile (fsm/submit.h): a call never overtakes a
- * submission made before it (a close, a group start, a wait). */
+ * submission made before it (a close, a group start, a wait); and a group
+ * the caller holds back from the loop becomes the loop's (fsm/held.def). */
 #define NCFSM__LOCK(l)              \
   do {                              \
     pthread_mutex_lock(&(l)->mu);   \
     ncfsm__handoff_turn(l);         \
+    ncfsm__held_spill_mine(l);      \
   } while (0)
 #define NCFSM__UNLOCK(l) pthread_mutex_unlock(&(l)->mu)
 

@@ -134,6 +134,7 @@ static bool handoff(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_c
   if (!atomic_load_explicit(&c->ready_pub, memory_order_acquire) || !ncfsm__comm_fast[NCFSM_STATE_READY][call])
     return false;
   if (__atomic_load_n(&loop->group_state, __ATOMIC_RELAXED) != NCFSM__GS_NONE) return false;
+  if (ncfsm__held_any(loop)) return false; /* a group held back from the loop: its comm's order is the lock's */
   /* A trace sees every submission inside its call (ncfsm-apifuzz checks it): no hand-off. */
   if (__atomic_load_n(&loop->trace, __ATOMIC_RELAXED)) return false;
   if (atomic_load_explicit(&loop->nhandoff, memory_order_relaxed) >= NCFSM__HANDOFF_MAX) return false;
@@ -163,6 +164,28 @@ static bool handoff(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_c
   return true;
 }
 
+/* The lock held, the calling thread holding a group back from the loop
+ * (fsm/held.def): the group's first op is held when its comm takes it in
+ * READY and the loop has no group open; false: the group must become the
+ * loop's first (a second op, another state, an argument error, a trace),
+ * and the op takes the locked path's checks, with their messages. */
+static bool held_op(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_cb cb, void *arg, ncfsm_work **out) {
+  ncfsm_loop *loop = c->loop;
+  if (loop->held.state != NCFSM__HS_EMPTY || c->state != NCFSM_STATE_READY || loop->group_state != NCFSM__GS_NONE ||
+      loop->trace || !ncfsm__legal_fast(c->state, call, c->ngroup, c->nranks) || validate(c, call, o, true) != NCFSM_OK)
+    return false;
+  ncfsm_work *w = ncfsm__work_alloc(loop);
+  if (!w) return false;
+  if (!o->stream) o->stream = c->stream;
+  ncfsm__work_init(w, c, call, o, cb, arg, out != NULL);
+  ncfsm__work_record(loop, c, w);
+  c->ngroup++; /* in its comm's group, as in the loop's (GROUP_THREAD refuses other threads' ops of c) */
+  ncfsm__comm_fire(c, NCFSM_EV_ENLIST, NULL); /* R3 */
+  ncfsm__held_take(loop, w);
+  if (out) *out = w;
+  return true;
+}
+
 static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_cb cb, void *arg,
                              ncfsm_work **out) {
   if (out) *out = NULL;
@@ -174,6 +197,16 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   }
   ncfsm__handoff_turn(loop); /* the submissions handed off before this one first */
   ncfsm_result_t r = NCFSM_OK;
+  if (__builtin_expect(ncfsm__held_loop == loop, 0)) { /* the op of a group this thread holds back */
+    if (held_op(c, call, o, cb, arg, out)) {
+      NCFSM__UNLOCK(loop);
+      return NCFSM_OK;
+    }
+    if ((r = ncfsm__held_spill(loop)) != NCFSM_OK) { /* another thread's group opened on the loop meanwhile */
+      NCFSM__UNLOCK(loop);
+      return r;
+    }
+  }
   /* the cell's guards too: GROUP_THREAD (R3, R9), SIZED (a split child);
    * the table only when the fast path cannot say (fsm/tables.h) */
   if (!ncfsm__legal_fast(c->state, call, c->ngroup, c->nranks) && ncfsm__check_legal(c, call, &r) == NCFSM_REJECT) {

@@ -65,6 +65,28 @@ static inline bool ncfsm__group_owned(const ncfsm_loop *loop) {
   return ncfsm__group_open(loop) && pthread_equal(loop->group_owner, pthread_self());
 }
 
+/* ---- group.c: a group its thread holds back (fsm/held.def) ---- */
+typedef struct ncfsm__held ncfsm__held;
+/* The loop the calling thread holds a group back from (NULL: none), so that
+ * one compare says whether it does for a given loop. initial-exec: one load
+ * per test, on every call that takes a loop's lock. */
+extern __thread ncfsm_loop *ncfsm__held_loop __attribute__((tls_model("initial-exec")));
+/* ncfsm_group_start: true when the calling thread now holds the group
+ * (its depth counted in loop->held); false: the loop's group machine decides. */
+bool ncfsm__held_start(ncfsm_loop *loop);
+/* ncfsm_group_end on the held group's loop: its result. */
+ncfsm_result_t ncfsm__held_end(ncfsm_loop *loop);
+/* The lock held, the caller's group held back from loop (EMPTY): w, recorded
+ * and in its comm's group (ENLIST), is its op. */
+void ncfsm__held_take(ncfsm_loop *loop, ncfsm_work *w);
+/* The lock held: the caller's group held back from loop becomes the loop's
+ * (SPILL). NCFSM_OK, or the loop's refusal of its START (another thread's
+ * group opened there meanwhile: NCFSM_ERR_WRONG_THREAD; the held op failed). */
+ncfsm_result_t ncfsm__held_spill(ncfsm_loop *loop);
+static inline void ncfsm__held_spill_mine(ncfsm_loop *loop) {
+  if (__builtin_expect(ncfsm__held_loop == loop, 0)) (void)ncfsm__held_spill(loop);
+}
+
 /* ---- launcher.c ---- */
 /* Launch what can go now, with the control steps of fsm/comm.def before
  * and after (aborts, unique ids, inits; finalizes); true when something

@@ -1,11 +1,15 @@
 /* The loop's group machine (fsm/group.def) bound to the engine: groups are
  * loop-wide, nestable and owned by the thread that opened the outermost one
  * (R3). Its outermost end turns the group's ops into one batch queued in
- * every comm they touch, or fails them all before the backend. */
+ * every comm they touch, or fails them all before the backend. And the
+ * thread's machine (fsm/held.def): a group its thread holds back from the
+ * loop until it holds more than one op or the thread does anything else
+ * there, so that a group of one op costs about an ungrouped op. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "fsm/engine.h"
+#include "fsm/submit.h"
 
 typedef struct gev {
   ncfsm_loop *loop;
@@ -34,6 +38,7 @@ static bool group_guard(const void *obj, unsigned g, const void *payload) {
     case NCFSM__GG_ANY: return true;
     case NCFSM__GG_OTHER_THREAD: return !pthread_equal(loop->group_owner, pthread_self());
     case NCFSM__GG_NESTED: return loop->group_depth > 1;
+    case NCFSM__GG_HELD_ELSEWHERE: return ncfsm__held_any(loop) && ncfsm__held_loop != loop;
     case NCFSM__GG_MIXED: return mixed_blocking(loop->group_head);
     case NCFSM__GG_OVERLAP:
       return loop->opts.overlap == NCFSM_OVERLAP_REJECT && ncfsm__find_overlap(loop->group_head, &x, &y);
@@ -100,7 +105,9 @@ ACT(refuse_not_open) {
 ACT(refuse_thread) {
   GROUP;
   p->result = NCFSM_ERR_WRONG_THREAD;
-  ncfsm__loop_error(loop, "%s: %s", p->fn, ncfsm__m_group.guards[NCFSM__GG_OTHER_THREAD].hint);
+  bool held = loop->group_state == NCFSM__GS_NONE; /* refused in NONE: guard HELD_ELSEWHERE */
+  ncfsm__loop_error(loop, "%s: %s", p->fn,
+                    ncfsm__m_group.guards[held ? NCFSM__GG_HELD_ELSEWHERE : NCFSM__GG_OTHER_THREAD].hint);
 }
 ACT(note_error) {
   GROUP;
@@ -202,3 +209,161 @@ void ncfsm__group_note_error(ncfsm_comm *c, ncfsm_result_t r) {
   gev p = {.fn = "", .err = r, .msg = c->last_error};
   group_fire(c->loop, NCFSM__GE_CALL_FAILED, &p);
 }
+
+/* ---- a group its thread holds back from its loop (fsm/held.def) ---------------------- */
+
+__thread ncfsm_loop *ncfsm__held_loop __attribute__((tls_model("initial-exec")));
+
+typedef struct hev {
+  ncfsm_loop *loop;
+  ncfsm_work *w;         /* HOLD: the op */
+  ncfsm_result_t result; /* out: what the call returns */
+} hev;
+
+static bool held_guard(const void *obj, unsigned g, const void *payload) {
+  const ncfsm__held *h = obj;
+  (void)payload;
+  switch (g) {
+    case NCFSM__HG_ANY: return true;
+    case NCFSM__HG_NESTED: return h->depth > 1;
+    case NCFSM__HG_COUNT: break;
+  }
+  return false;
+}
+
+/* The group is no longer held: the thread and the loop let it go (after
+ * the loop's group took it over, when it spills). */
+static inline void held_release(ncfsm_loop *loop) {
+  loop->held.depth = 0;
+  loop->held.w = NULL;
+  ncfsm__held_loop = NULL;
+  __atomic_store_n(&loop->held_taken, 0, __ATOMIC_RELEASE);
+}
+
+#define HACT(name) static inline __attribute__((always_inline)) void hact_##name(ncfsm_loop *loop, ncfsm__held *h, hev *p)
+HACT(nest) {
+  (void)loop, (void)p;
+  h->depth++;
+}
+HACT(unnest) {
+  (void)loop, (void)p;
+  h->depth--;
+}
+HACT(hold) {
+  (void)loop, (void)p;
+  h->depth = 1;
+  h->w = NULL;
+}
+HACT(take) {
+  (void)loop;
+  h->w = p->w;
+}
+/* As the loop group's end for a group of one op (close_group): the comm
+ * leaves the group, the op queues as a batch of its own, explicit. Its
+ * comm's abort may have failed it meanwhile (fsm/queue.c): nothing left. */
+HACT(enter) {
+  (void)p;
+  ncfsm_work *w = h->w;
+  held_release(loop);
+  if (!w) return;
+  ncfsm_comm *c = w->comm;
+  if (c->ngroup) {
+    c->ngroup = 0;
+    ncfsm__cev e = {.cause = NCFSM_OK, .from = c->state};
+    ncfsm__comm_fire(c, NCFSM_EV_GROUP_CLOSE, &e);
+  }
+  ncfsm__work_queue_own(loop, c, w, true);
+}
+HACT(drop) {
+  (void)p, (void)h;
+  held_release(loop);
+}
+/* The loop's group opens with the held depth (still held: its guard
+ * HELD_ELSEWHERE does not refuse this thread), then the group is let go and
+ * the held op, already in its comm's group, joins the loop's list. */
+HACT(spill) {
+  ncfsm_work *w = h->w;
+  int depth = h->depth;
+  ncfsm_result_t r = NCFSM_OK;
+  for (int i = 0; i < depth && r == NCFSM_OK; i++) r = ncfsm__group_start(loop);
+  held_release(loop);
+  p->result = r;
+  if (!w) return;
+  ncfsm_comm *c = w->comm;
+  if (r == NCFSM_OK) {
+    w->bnext = NULL;
+    if (loop->group_tail) loop->group_tail->bnext = w;
+    else loop->group_head = w;
+    loop->group_tail = w;
+    return;
+  }
+  /* another thread's group opened on the loop between this group's start and its first call under the lock */
+  if (--c->ngroup == 0) {
+    ncfsm__cev e = {.cause = r, .from = c->state};
+    ncfsm__comm_fire(c, NCFSM_EV_GROUP_CLOSE, &e);
+  }
+  ncfsm__set_error(c, "%s: its group, opened on this thread, could not become the loop's: %s",
+                   ncfsm_call_fn((ncfsm_call_t)w->call), ncfsm__m_group.guards[NCFSM__GG_OTHER_THREAD].hint);
+  ncfsm__work_end(w, NCFSM_WORK_FAILED, r);
+  ncfsm__loop_wake(loop);
+}
+
+/* The machine's fire, with its actions called by name (a group of one op
+ * fires three events: the table's lookup stays, the indirect calls go). */
+static inline __attribute__((always_inline)) ncfsm_result_t held_fire(ncfsm_loop *loop, ncfsm__held_event_t ev,
+                                                                      ncfsm_work *w) {
+  ncfsm__held *h = &loop->held;
+  hev p = {.loop = loop, .w = w, .result = NCFSM_OK};
+  static const ncfsm__binding b = {&ncfsm__m_held, held_guard, NULL, NULL, NULL};
+  const ncfsm__mrow *r = ncfsm__m_find(&b, h, h->state, ev, &p);
+  if (!r) {
+    NCFSM_LOG(NCFSM__LOG_ERROR, NCFSM__SUB_FSM, "held group: invalid event %s in state %s (engine defect)",
+              ncfsm__m_held.events[ev].name, ncfsm__m_held.states[h->state].name);
+    return NCFSM_ERR_INVALID_USAGE;
+  }
+  if (__builtin_expect(ncfsm__m_counting, 0)) __atomic_fetch_add(&ncfsm__m_held.hits[r - ncfsm__m_held.rows], 1u, __ATOMIC_RELAXED);
+  h->state = r->next; /* the holder's alone: no other thread reads it */
+  switch (r->action) {
+#define NCFSM_ACTION(name, desc) \
+  case NCFSM__HA_##name:         \
+    hact_##name(loop, h, &p);    \
+    break;
+#define hact_none(loop, h, p) ((void)0)
+#include "fsm/held.def"
+#undef hact_none
+    case NCFSM__HA_COUNT: break;
+  }
+  return p.result;
+}
+
+bool ncfsm__held_start(ncfsm_loop *loop) {
+  if (ncfsm__held_loop != loop) {
+    /* The loop's state read without its lock: a group another thread opens
+     * there meanwhile refuses this one's START when it spills, at its first
+     * call under the lock (fsm/held.def). A trace sees a group's events
+     * inside its calls (ncfsm-apifuzz): no hold. */
+    if (ncfsm__held_loop || __atomic_load_n(&loop->group_state, __ATOMIC_RELAXED) != NCFSM__GS_NONE ||
+        __atomic_load_n(&loop->trace, __ATOMIC_RELAXED))
+      return false;
+    int free_ = 0; /* one thread holds a group back from a loop at a time */
+    if (!__atomic_compare_exchange_n(&loop->held_taken, &free_, 1, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+      return false;
+    ncfsm__held_loop = loop;
+  }
+  (void)held_fire(loop, NCFSM__HE_START, NULL);
+  return true;
+}
+
+ncfsm_result_t ncfsm__held_end(ncfsm_loop *loop) {
+  ncfsm__held *h = &loop->held;
+  if (h->depth > 1 || h->state == NCFSM__HS_EMPTY) return held_fire(loop, NCFSM__HE_END, NULL); /* the thread's alone */
+  pthread_mutex_lock(&loop->mu);
+  ncfsm__handoff_turn(loop);
+  ncfsm_result_t r = held_fire(loop, NCFSM__HE_END, NULL);
+  pthread_mutex_unlock(&loop->mu);
+  return r;
+}
+
+void ncfsm__held_take(ncfsm_loop *loop, ncfsm_work *w) { (void)held_fire(loop, NCFSM__HE_HOLD, w); }
+
+ncfsm_result_t ncfsm__held_spill(ncfsm_loop *loop) { return held_fire(loop, NCFSM__HE_SPILL, NULL); }

@@ -72,6 +72,7 @@ static ncfsm_result_t lock_loop(ncfsm_loop *loop) {
   if (e == EDEADLK) return NCFSM_ERR_INVALID_USAGE;
   if (e) return NCFSM_ERR_SYSTEM;
   ncfsm__handoff_turn(loop); /* a snapshot shows this thread's earlier submissions queued */
+  ncfsm__held_spill_mine(loop); /* ... and a group it holds back open on the loop */
   return NCFSM_OK;
 }
 
@@ -92,6 +93,8 @@ static void count_work(snap_comm *s, const ncfsm_work *w) {
 static void copy_works(const ncfsm_loop *loop, const ncfsm_comm *c, snap_comm *s) {
   for (const ncfsm_work *w = loop->group_head; w; w = w->bnext)
     if (w->comm == c) count_work(s, w);
+  const ncfsm_work *hw = ncfsm__held_op(loop); /* another thread's group held back (fsm/held.def) */
+  if (hw && hw->comm == c) count_work(s, hw);
   for (const ncfsm__blink *l = c->bq_head; l; l = l->next)
     for (const ncfsm_work *w = l->b->head; w; w = w->bnext)
       if (w->comm == c) count_work(s, w);

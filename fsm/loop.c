@@ -138,6 +138,7 @@ static void turn_held(ncfsm_loop *loop, bool poll) {
 
 static void turn(ncfsm_loop *loop, bool poll) {
   pthread_mutex_lock(&loop->mu);
+  ncfsm__held_spill_mine(loop); /* this thread drives an embedded base: as ncfsm_loop_run */
   turn_held(loop, poll);
   pthread_mutex_unlock(&loop->mu);
 }
@@ -304,6 +305,7 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   /* A destroy or abort outside a turn owns the loop for its blocking call. */
   while (loop->claimed && !pthread_equal(loop->runner, pthread_self()))
     ncfsm__loop_cv_wait(loop, NULL);
+  ncfsm__held_spill_mine(loop); /* a group this thread holds back is the loop's while it runs (fsm/held.def) */
   if (loop->running && !pthread_equal(loop->runner, pthread_self())) {
     ncfsm__loop_error(loop, "ncfsm_loop_run: the loop is already run by another thread; wait on works instead");
     pthread_mutex_unlock(&loop->mu);
@@ -365,6 +367,7 @@ static void noop_cb(void *arg) { (void)arg; }
 ncfsm_result_t ncfsm_loop_start_thread(ncfsm_loop *loop) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return NCFSM_ERR_INVALID_ARGUMENT;
   pthread_mutex_lock(&loop->mu);
+  ncfsm__held_spill_mine(loop);
   if (loop->thread_started || !loop->own_base) {
     ncfsm__loop_error(loop, "ncfsm_loop_start_thread: %s",
                       loop->thread_started ? "a loop thread is already running"
@@ -411,6 +414,7 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) 
   r->next = NULL;
   pthread_mutex_lock(&loop->mu);
   ncfsm__handoff_turn(loop); /* fn runs after this thread's earlier submissions are queued */
+  ncfsm__held_spill_mine(loop);
   if (loop->calls_tail) loop->calls_tail->next = r;
   else loop->calls_head = r;
   loop->calls_tail = r;
@@ -437,10 +441,11 @@ ncfsm_result_t ncfsm_loop_close(ncfsm_loop *loop) {
     pthread_mutex_lock(&loop->mu);
   }
   ncfsm__handoff_turn(loop); /* submissions made before this call join their comms first */
+  ncfsm__held_spill_mine(loop); /* a group this thread holds back: "a group is open" */
   int open = 0; /* comms the program holds (a recovery's new comm in the making is the recovery's) */
   for (ncfsm_comm *c = loop->comms; c; c = c->next)
     if (c->state != NCFSM_STATE_RELEASED && !(c->rops && c->rops->owned(c))) open++;
-  bool group = ncfsm__group_open(loop);
+  bool group = ncfsm__group_open(loop) || ncfsm__held_any(loop); /* ... or another thread's, held back */
   if (open || loop->thread_started || group || loop->running) {
     ncfsm__loop_error(loop, "ncfsm_loop_close: %d communicator(s) not released%s%s%s; close them first "
                             "(ncfsm_comm_close each, or ncfsm_loop_shutdown for all; or destroy/abort and "
@@ -494,6 +499,7 @@ void ncfsm_loop_set_trace(ncfsm_loop *loop, ncfsm_trace_fn fn, void *arg) {
   if (!loop || loop->magic != NCFSM__LOOP_MAGIC) return;
   pthread_mutex_lock(&loop->mu);
   ncfsm__handoff_turn(loop); /* the submissions before this call are not the new trace's */
+  ncfsm__held_spill_mine(loop); /* nor a group this thread holds back: the trace sees it open */
   loop->trace_arg = arg;
   __atomic_store_n(&loop->trace, fn, __ATOMIC_RELAXED); /* a submitter's hand-off reads it without the lock */
   pthread_mutex_unlock(&loop->mu);

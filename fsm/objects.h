@@ -351,6 +351,17 @@ struct ncfsm_loop {
   pthread_t group_owner;
   ncfsm_result_t group_err;
   ncfsm_work *group_head, *group_tail;
+  /* a group one thread holds back from the loop (fsm/held.def): held_taken
+   * is set by that thread's ncfsm_group_start (a compare-and-swap, no lock)
+   * and cleared when the group ends or becomes the loop's; held.state and
+   * held.depth are the holder's alone, held.w is read and written under the
+   * lock (an abort of its comm fails it there) */
+  int held_taken;
+  struct ncfsm__held {
+    unsigned state; /* ncfsm__held_state_t */
+    int depth;
+    ncfsm_work *w; /* ONE: the held op (recorded, in its comm's group), or NULL once its comm dropped it */
+  } held;
   /* callbacks to deliver on the loop thread */
   ncfsm_work *notify_head, *notify_tail;
   struct ncfsm__state_note *snote_head, *snote_tail;
@@ -399,6 +410,15 @@ struct ncfsm__state_note {
   ncfsm_event_t ev;
   struct ncfsm__state_note *next;
 };
+
+/* Whether some thread holds a group back from the loop (no lock needed). */
+static inline bool ncfsm__held_any(const ncfsm_loop *loop) {
+  return __atomic_load_n(&loop->held_taken, __ATOMIC_ACQUIRE) != 0;
+}
+/* The lock held: the op a group held back from the loop holds, or NULL. */
+static inline ncfsm_work *ncfsm__held_op(const ncfsm_loop *loop) {
+  return ncfsm__held_any(loop) ? loop->held.w : NULL;
+}
 
 /* now + ms as a deadline in ns; 0 (none) when ms is 0 or would overflow. */
 static inline uint64_t ncfsm__deadline(uint64_t now_ns, uint64_t ms) {

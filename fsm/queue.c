@@ -115,6 +115,11 @@ void ncfsm__drop_queued(ncfsm_comm *c, ncfsm_work_state_t st, ncfsm_result_t sta
       pp = &w->bnext;
     }
   }
+  ncfsm_work *hw = ncfsm__held_op(loop); /* a group held back on its thread (fsm/held.def) holds it */
+  if (hw && hw->comm == c) {
+    loop->held.w = NULL;
+    ncfsm__work_end(hw, st, status);
+  }
   c->ngroup = 0;
 }
 
@@ -144,6 +149,7 @@ bool ncfsm__comm_idle(const ncfsm_comm *c) {
 bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream) {
   for (ncfsm_work *w = loop->group_head; w; w = w->bnext)
     if (w->op.stream == stream) return true;
+  if (ncfsm__held_op(loop) && ncfsm__held_op(loop)->op.stream == stream) return true;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     for (ncfsm__blink *l = c->bq_head; l; l = l->next)
       for (ncfsm_work *w = l->b->head; w; w = w->bnext)

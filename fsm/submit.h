@@ -84,30 +84,40 @@ static inline __attribute__((always_inline)) void ncfsm__work_record(ncfsm_loop 
   }
 }
 
-/* ... and joins the open group (group: the caller owns it) or queues as a
- * batch of its own. */
+/* ... its batch of its own (explicit: a group of one op, never coalesced), queued. */
+static inline __attribute__((always_inline)) void ncfsm__work_queue_own(ncfsm_loop *loop, ncfsm_comm *c,
+                                                                       ncfsm_work *w, bool explicit_group) {
+  ncfsm__batch *b = &w->single;
+  b->head = b->tail = w;
+  b->nworks = 1;
+  b->explicit_group = explicit_group;
+  b->allocated = false;
+  b->nlinks = 1;
+  b->links = &w->single_link;
+  w->single_link.c = c; /* .b, .next: ncfsm__batch_queue; .order, .nlive too */
+  w->batch = b;
+  ncfsm__batch_queue(loop, b);
+  ncfsm__loop_wake(loop);
+}
+
+/* ... or it joins the loop's open group (the caller owns it). */
+static inline __attribute__((always_inline)) void ncfsm__work_join_group(ncfsm_loop *loop, ncfsm_comm *c,
+                                                                        ncfsm_work *w) {
+  w->bnext = NULL;
+  if (loop->group_tail) loop->group_tail->bnext = w;
+  else loop->group_head = w;
+  loop->group_tail = w;
+  c->ngroup++;
+  ncfsm__comm_fire(c, NCFSM_EV_ENLIST, NULL); /* R3 */
+}
+
+/* Recorded, then into the open group (group: the caller owns it) or queued
+ * as a batch of its own. */
 static inline __attribute__((always_inline)) void ncfsm__work_enter(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_work *w,
                                                                    bool group) {
   ncfsm__work_record(loop, c, w);
-  if (group) {
-    w->bnext = NULL;
-    if (loop->group_tail) loop->group_tail->bnext = w;
-    else loop->group_head = w;
-    loop->group_tail = w;
-    c->ngroup++;
-    ncfsm__comm_fire(c, NCFSM_EV_ENLIST, NULL); /* R3 */
-  } else {
-    ncfsm__batch *b = &w->single;
-    b->head = b->tail = w;
-    b->nworks = 1;
-    b->explicit_group = b->allocated = false;
-    b->nlinks = 1;
-    b->links = &w->single_link;
-    w->single_link.c = c; /* .b, .next: ncfsm__batch_queue; .order, .nlive too */
-    w->batch = b;
-    ncfsm__batch_queue(loop, b);
-    ncfsm__loop_wake(loop);
-  }
+  if (group) ncfsm__work_join_group(loop, c, w);
+  else ncfsm__work_queue_own(loop, c, w, false);
 }
 
 /* The lock held: the handed-off submissions join their comms, oldest first,

@@ -80,6 +80,15 @@ _Static_assert((int)NCFSM_WORK_STATE_COUNT == (int)NCFSM__CHK_W_COUNT, "include/
 #define NCFSM_M_F(n) NCFSM__GF_##n
 #include "fsm/machine-gen.h"
 
+#define NCFSM_M_DEF "fsm/held.def"
+#define NCFSM_M_ID held
+#define NCFSM_M_S(n) NCFSM__HS_##n
+#define NCFSM_M_E(n) NCFSM__HE_##n
+#define NCFSM_M_G(n) NCFSM__HG_##n
+#define NCFSM_M_A(n) NCFSM__HA_##n
+#define NCFSM_M_F(n) NCFSM__HF_##n
+#include "fsm/machine-gen.h"
+
 #define NCFSM_M_DEF "fsm/timer.def"
 #define NCFSM_M_ID timer
 #define NCFSM_M_S(n) NCFSM__TS_##n
@@ -107,7 +116,7 @@ _Static_assert((int)NCFSM_WORK_STATE_COUNT == (int)NCFSM__CHK_W_COUNT, "include/
 #define NCFSM_M_F(n) NCFSM__RF_##n
 #include "fsm/machine-gen.h"
 
-const ncfsm__machine *const ncfsm__machines[] = {&ncfsm__m_comm,   &ncfsm__m_work,    &ncfsm__m_group, &ncfsm__m_timer,
+const ncfsm__machine *const ncfsm__machines[] = {&ncfsm__m_comm,   &ncfsm__m_work,    &ncfsm__m_group, &ncfsm__m_held, &ncfsm__m_timer,
                                                  &ncfsm__m_verify, &ncfsm__m_recover, NULL};
 
 /* ---- the comm's own tables ---------------------------------------------------- */

@@ -133,6 +133,18 @@ static inline bool ncfsm__work_state_final(ncfsm_work_state_t s) {
 typedef unsigned ncfsm__group_event_t;
 extern const ncfsm__machine ncfsm__m_group;
 
+/* ---- held (fsm/held.def): a thread's group held back from its loop, all internal ---- */
+#define NCFSM_M_DEF "fsm/held.def"
+#define NCFSM_M_S(n) NCFSM__HS_##n
+#define NCFSM_M_E(n) NCFSM__HE_##n
+#define NCFSM_M_G(n) NCFSM__HG_##n
+#define NCFSM_M_A(n) NCFSM__HA_##n
+#define NCFSM_M_F(n) NCFSM__HF_##n
+#define NCFSM_M_FB(n) NCFSM__HFB_##n
+#include "fsm/machine-enums.h"
+typedef unsigned ncfsm__held_event_t;
+extern const ncfsm__machine ncfsm__m_held;
+
 /* ---- timer (fsm/timer.def): a loop's progress timer, all internal ---- */
 #define NCFSM_M_DEF "fsm/timer.def"
 #define NCFSM_M_S(n) NCFSM__TS_##n

@@ -197,9 +197,14 @@ const char *ncfsm_loop_last_error(ncfsm_loop *loop);
  * outermost end launches. An argument error inside a group fails that call,
  * leaves the group open, and is returned again by the outermost end, which
  * must still be called; every work of that group then fails with
- * NCFSM_ERR_GROUP and nothing reaches the backend. */
+ * NCFSM_ERR_GROUP and nothing reaches the backend. A group's thread
+ * holds it back from the loop until it holds a second op or calls anything
+ * else on that loop (docs/design.md "A group held on its thread"), which
+ * makes a group of one op cheaper; other threads see it as an open group. */
 ncfsm_result_t ncfsm_group_start(ncfsm_loop *loop);
 ncfsm_result_t ncfsm_group_end(ncfsm_loop *loop);
+/* The open group's depth; 0 when none is open. From a thread other than the
+ * group's, 0 also while its thread holds it back. */
 int ncfsm_group_depth(ncfsm_loop *loop);
 
 /* ---- communicators -------------------------------------------------------- */
