@@ -179,8 +179,7 @@ static bool held_op(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_c
   if (!o->stream) o->stream = c->stream;
   ncfsm__work_init(w, c, call, o, cb, arg, out != NULL);
   ncfsm__work_record(loop, c, w);
-  c->ngroup++; /* in its comm's group, as in the loop's (GROUP_THREAD refuses other threads' ops of c) */
-  ncfsm__comm_fire(c, NCFSM_EV_ENLIST, NULL); /* R3 */
+  ncfsm__work_enlist(c); /* in its comm's group, as in the loop's (GROUP_THREAD refuses other threads' ops of c) */
   ncfsm__held_take(loop, w);
   if (out) *out = w;
   return true;

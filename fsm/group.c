@@ -4,7 +4,7 @@
  * every comm they touch, or fails them all before the backend. And the
  * thread's machine (fsm/held.def): a group its thread holds back from the
  * loop until it holds more than one op or the thread does anything else
- * there, so that a group of one op costs about an ungrouped op. */
+ * there, so that a group of one op costs less. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -47,6 +47,13 @@ static bool group_guard(const void *obj, unsigned g, const void *payload) {
   return false;
 }
 
+/* c's ops leave the group it is in (GROUP_CLOSE, with cause as its result). */
+static void leave_group(ncfsm_comm *c, ncfsm_result_t cause) {
+  c->ngroup = 0;
+  ncfsm__cev p = {.cause = cause, .from = c->state};
+  ncfsm__comm_fire(c, NCFSM_EV_GROUP_CLOSE, &p);
+}
+
 /* The outermost end: each comm of the group's ops leaves the group
  * (GROUP_CLOSE, with err as its result); with batch, the works join it, else
  * they fail with fail_status. The group is empty afterwards. */
@@ -60,10 +67,8 @@ static void close_group(ncfsm_loop *loop, ncfsm__batch *batch, ncfsm_result_t er
     w->bnext = NULL;
     ncfsm_comm *c = w->comm;
     if (c->ngroup) { /* the first of c's works: c's ops leave the group */
-      c->ngroup = 0;
       if (batch) batch->links[batch->nlinks++].c = c;
-      ncfsm__cev p = {.cause = err, .from = c->state};
-      ncfsm__comm_fire(c, NCFSM_EV_GROUP_CLOSE, &p);
+      leave_group(c, err);
     }
     if (!batch) {
       ncfsm__work_end(w, NCFSM_WORK_FAILED, fail_status);
@@ -267,11 +272,7 @@ HACT(enter) {
   held_release(loop);
   if (!w) return;
   ncfsm_comm *c = w->comm;
-  if (c->ngroup) {
-    c->ngroup = 0;
-    ncfsm__cev e = {.cause = NCFSM_OK, .from = c->state};
-    ncfsm__comm_fire(c, NCFSM_EV_GROUP_CLOSE, &e);
-  }
+  if (c->ngroup) leave_group(c, NCFSM_OK);
   ncfsm__work_queue_own(loop, c, w, true);
 }
 HACT(drop) {
@@ -291,17 +292,12 @@ HACT(spill) {
   if (!w) return;
   ncfsm_comm *c = w->comm;
   if (r == NCFSM_OK) {
-    w->bnext = NULL;
-    if (loop->group_tail) loop->group_tail->bnext = w;
-    else loop->group_head = w;
-    loop->group_tail = w;
+    ncfsm__group_append(loop, w);
     return;
   }
   /* another thread's group opened on the loop between this group's start and its first call under the lock */
-  if (--c->ngroup == 0) {
-    ncfsm__cev e = {.cause = r, .from = c->state};
-    ncfsm__comm_fire(c, NCFSM_EV_GROUP_CLOSE, &e);
-  }
+  if (c->ngroup == 1) leave_group(c, r); /* its ops in the other thread's group stay there */
+  else c->ngroup--;
   ncfsm__set_error(c, "%s: its group, opened on this thread, could not become the loop's: %s",
                    ncfsm_call_fn((ncfsm_call_t)w->call), ncfsm__m_group.guards[NCFSM__GG_OTHER_THREAD].hint);
   ncfsm__work_end(w, NCFSM_WORK_FAILED, r);

@@ -149,7 +149,8 @@ bool ncfsm__comm_idle(const ncfsm_comm *c) {
 bool ncfsm__stream_in_use(ncfsm_loop *loop, void *stream) {
   for (ncfsm_work *w = loop->group_head; w; w = w->bnext)
     if (w->op.stream == stream) return true;
-  if (ncfsm__held_op(loop) && ncfsm__held_op(loop)->op.stream == stream) return true;
+  const ncfsm_work *hw = ncfsm__held_op(loop); /* a group held back on its thread (fsm/held.def) */
+  if (hw && hw->op.stream == stream) return true;
   for (ncfsm_comm *c = loop->comms; c; c = c->next) {
     for (ncfsm__blink *l = c->bq_head; l; l = l->next)
       for (ncfsm_work *w = l->b->head; w; w = w->bnext)

@@ -100,15 +100,17 @@ static inline __attribute__((always_inline)) void ncfsm__work_queue_own(ncfsm_lo
   ncfsm__loop_wake(loop);
 }
 
-/* ... or it joins the loop's open group (the caller owns it). */
-static inline __attribute__((always_inline)) void ncfsm__work_join_group(ncfsm_loop *loop, ncfsm_comm *c,
-                                                                        ncfsm_work *w) {
+/* The op enters its comm's group (R3): the comm is GROUP_OPEN. */
+static inline __attribute__((always_inline)) void ncfsm__work_enlist(ncfsm_comm *c) {
+  c->ngroup++;
+  ncfsm__comm_fire(c, NCFSM_EV_ENLIST, NULL);
+}
+/* The op is the last of the loop's open group's list. */
+static inline void ncfsm__group_append(ncfsm_loop *loop, ncfsm_work *w) {
   w->bnext = NULL;
   if (loop->group_tail) loop->group_tail->bnext = w;
   else loop->group_head = w;
   loop->group_tail = w;
-  c->ngroup++;
-  ncfsm__comm_fire(c, NCFSM_EV_ENLIST, NULL); /* R3 */
 }
 
 /* Recorded, then into the open group (group: the caller owns it) or queued
@@ -116,7 +118,10 @@ static inline __attribute__((always_inline)) void ncfsm__work_join_group(ncfsm_l
 static inline __attribute__((always_inline)) void ncfsm__work_enter(ncfsm_loop *loop, ncfsm_comm *c, ncfsm_work *w,
                                                                    bool group) {
   ncfsm__work_record(loop, c, w);
-  if (group) ncfsm__work_join_group(loop, c, w);
+  if (group) { /* it joins the loop's open group (the caller owns it) */
+    ncfsm__group_append(loop, w);
+    ncfsm__work_enlist(c);
+  }
   else ncfsm__work_queue_own(loop, c, w, false);
 }
 
