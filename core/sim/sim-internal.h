@@ -312,6 +312,8 @@ struct sim_clique {
   char name[SIM_SHM_NAME_MAX];
   int full_warned;     /* arena-full WARN given */
   uint64_t next_check_ns; /* next liveness check of peer processes */
+  int stalled_pid;     /* the lock's holder, a stopped process (0: none seen): ncfsm__sim_shm_lock */
+  uint64_t stall_check_ns; /* until then a busy lock with that holder is still stalled */
   sim_clique *next;
 };
 
@@ -354,7 +356,13 @@ int ncfsm__sim_shm_attach(const unsigned char *key, int nranks, uint64_t seed, s
 void ncfsm__sim_shm_detach(sim_clique *q);
 /* Take / release the segment's robust mutex. A dead holder (EOWNERDEAD):
  * the shared state is repaired (ncfsm__sim_shm_recover) and its process's
- * ranks are marked dead. -1 (after a WARN) when unrecoverable. */
+ * ranks are marked dead. -1 (after a WARN) when unrecoverable;
+ * SIM_LOCK_STALLED (after a WARN, once per stall) when the holder is a
+ * process stopped for SIM_STALL_MS (SIGSTOP, a debugger): the caller goes on
+ * without the shared state, as a host call of NCCL goes on while a peer is
+ * stopped (docs/sim.md "A stopped rank holding the mutex"). */
+#define SIM_LOCK_STALLED (-2)
+#define SIM_STALL_MS 100
 int ncfsm__sim_shm_lock(sim_clique *q);
 void ncfsm__sim_shm_unlock(sim_clique *q);
 /* Reserve the segment's pages up to byte `end` (posix_fallocate, whole

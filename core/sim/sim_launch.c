@@ -24,7 +24,7 @@ void ncfsm__sim_post(sim_comm *c, sim_unit *u) {
   }
   if (c->fs) ncfsm__sim_fault_unit(c, u->n); /* an injected process death */
   sim_clique *q = c->q;
-  int locked = q && ncfsm__sim_shm_lock(q) == 0;
+  int lr = q ? ncfsm__sim_shm_lock(q) : -1, locked = lr == 0;
   u->no = c->nunits++;
   for (sim_op *o = u->head; o; o = o->next) {
     o->unit = u;
@@ -51,6 +51,10 @@ void ncfsm__sim_post(sim_comm *c, sim_unit *u) {
     }
     /* its shared descriptor: what peers (in any process) match against */
     shm_off off = locked ? ncfsm__sim_shm_alloc(q, sizeof(shm_op), NULL) : 0;
+    if (lr == SIM_LOCK_STALLED) {
+      o->invisible = 1; /* a peer process is stopped holding the lock: peers never see it (hang) */
+      continue;
+    }
     if (!off) {
       o->dead = 1; /* never executes */
       if (c->state == OK) {

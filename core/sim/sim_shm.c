@@ -78,13 +78,31 @@ static int pid_dead(int pid) {
 
 /* ---- the robust mutex --------------------------------------------------------- */
 
-int ncfsm__sim_shm_lock(sim_clique *q) {
+/* pid is stopped: SIGSTOP (or the terminal's), or a tracer's stop. */
+static int pid_stopped(int pid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
+/* The lock was taken (rc 0), or its holder died (EOWNERDEAD), or it failed. */
+static int lock_taken(sim_clique *q, int rc) {
   shm_hdr *h = q->h;
-  int rc = pthread_mutex_lock(&h->mu);
+  if (q->stalled_pid) {
+    NCFSM_INFO(NCFSM__SUB_SIM, "sim: the lock of %s is free again (process %d resumed or died)", q->name,
+               q->stalled_pid);
+    q->stalled_pid = 0;
+  }
   if (rc == EOWNERDEAD) {
-    int dead = h->owner_pid;
+    int dead = __atomic_load_n(&h->owner_pid, __ATOMIC_RELAXED);
     pthread_mutex_consistent(&h->mu);
-    h->owner_pid = (int)getpid();
+    __atomic_store_n(&h->owner_pid, (int)getpid(), __ATOMIC_RELAXED);
     /* the dead holder may have left anything half-updated: repair first */
     int fixes = ncfsm__sim_shm_recover(q);
     if (fixes < 0) {
@@ -103,12 +121,67 @@ int ncfsm__sim_shm_lock(sim_clique *q) {
     ncfsm__sim_warn("sim: the shared clique's lock is unusable: %s", strerror(rc));
     return -1;
   }
-  h->owner_pid = (int)getpid();
+  __atomic_store_n(&h->owner_pid, (int)getpid(), __ATOMIC_RELAXED);
   return 0;
 }
 
+/* The holder, process pid, has been stopped for SIM_STALL_MS: named once. */
+static int stalled(sim_clique *q, int pid, uint64_t now) {
+  if (q->stalled_pid != pid) {
+    int rank = -1;
+    for (int r = 0; r < q->h->nranks && rank < 0; r++)
+      if (q->h->rank[r].used && q->h->rank[r].pid == pid) rank = r;
+    ncfsm__sim_warn("sim: the lock of the shared clique %s is held by process %d (rank %d), which is stopped "
+                    "(SIGSTOP or a debugger): this process goes on without the clique's shared state; its "
+                    "launches on the clique hang (the watchdog or an abort ends them) until that process "
+                    "resumes or dies", q->name, pid, rank);
+    q->stalled_pid = pid;
+  }
+  q->stall_check_ns = now + CHECK_NS;
+  return SIM_LOCK_STALLED;
+}
+
+/* Taken at once, or waited for in slices; between two slices the holder is
+ * looked at: a process stopped (state T or t) for SIM_STALL_MS stalls the
+ * lock, and this caller returns without it (a host call of NCCL does not
+ * wait for a stopped peer's host). Once stalled, a busy lock with the same
+ * holder fails at once, the holder looked at again every CHECK_NS. */
+int ncfsm__sim_shm_lock(sim_clique *q) {
+  shm_hdr *h = q->h;
+  int rc = pthread_mutex_trylock(&h->mu);
+  if (rc != EBUSY) return lock_taken(q, rc);
+  int self = (int)getpid(), seen = 0;
+  uint64_t now = ncfsm__now_ns(), since = 0;
+  if (q->stalled_pid && __atomic_load_n(&h->owner_pid, __ATOMIC_RELAXED) == q->stalled_pid &&
+      (now < q->stall_check_ns || pid_stopped(q->stalled_pid)))
+    return stalled(q, q->stalled_pid, now);
+  for (;;) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* timedlock's clock: a jump only moves one slice */
+    ts.tv_nsec += 10 * 1000 * 1000;     /* a slice: 10 ms */
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    rc = pthread_mutex_timedlock(&h->mu, &ts);
+    if (rc != ETIMEDOUT) return lock_taken(q, rc);
+    int owner = __atomic_load_n(&h->owner_pid, __ATOMIC_RELAXED);
+    if (owner <= 0 || owner == self || !pid_stopped(owner)) {
+      seen = 0;
+      continue;
+    }
+    now = ncfsm__now_ns();
+    if (owner != seen) { /* the same holder, stopped, at both ends of SIM_STALL_MS */
+      seen = owner;
+      since = now;
+    } else if (now - since >= SIM_STALL_MS * 1000000ull) {
+      return stalled(q, owner, now);
+    }
+  }
+}
+
 void ncfsm__sim_shm_unlock(sim_clique *q) {
-  q->h->owner_pid = 0;
+  __atomic_store_n(&q->h->owner_pid, 0, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&q->h->mu);
 }
 

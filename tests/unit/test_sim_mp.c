@@ -6,7 +6,7 @@
  * backend, fault injection (async_error_at_op, never_arrive, fail_init), R11
  * mismatches (R11's measured table with 2 processes, docs/sim.md; the sim's
  * model with 4, and a process that dies committing one), ranks killed
- * with SIGKILL (holding the clique's lock, and not), the arena bound, stale-segment cleanup, and that no /dev/shm file is
+ * with SIGKILL (holding the clique's lock, and not), a rank stopped holding it, the arena bound, stale-segment cleanup, and that no /dev/shm file is
  * left behind. Also R13 across processes (the drift limit), a process that
  * dies inside the clique's critical section half-way through an update (the
  * survivors repair the segment and go on), and fork(): a child must not use
@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/backend.h"
+#include "core/log.h"
 #include "core/sim/sim-internal.h"
 #include "helpers.h"
 
@@ -71,14 +72,10 @@ typedef int (*rank_fn)(int rank);
 
 static int g_n = N; /* ranks of the clique: set by run_ranks_n for its children */
 
-/* n (<= N) ranks run fn; expect_kill: bit r set when rank r is meant to die of SIGKILL. */
-static void run_ranks_n(int n, rank_fn fn, unsigned expect_kill) {
-  assert_true(n >= 1 && n <= N);
-  g_n = n;
-  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &g_id), NCFSM_OK);
+/* Forks n ranks, each running fn(rank) and exiting 0 on success. */
+static void fork_ranks(int n, rank_fn fn, pid_t *pid) {
   fflush(NULL);
-  pid_t pid[N];
-  for (int r = 0; r < g_n; r++) {
+  for (int r = 0; r < n; r++) {
     pid[r] = fork();
     assert_true(pid[r] >= 0);
     if (pid[r] == 0) {
@@ -88,6 +85,15 @@ static void run_ranks_n(int n, rank_fn fn, unsigned expect_kill) {
       _exit(rc ? 1 : 0);
     }
   }
+}
+
+/* n (<= N) ranks run fn; expect_kill: bit r set when rank r is meant to die of SIGKILL. */
+static void run_ranks_n(int n, rank_fn fn, unsigned expect_kill) {
+  assert_true(n >= 1 && n <= N);
+  g_n = n;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &g_id), NCFSM_OK);
+  pid_t pid[N];
+  fork_ranks(g_n, fn, pid);
   int status[N], left = g_n;
   for (int r = 0; r < g_n; r++) status[r] = -1;
   for (int t = 0; left && t < 20000; t++) { /* 20 s */
@@ -120,6 +126,8 @@ static void run_ranks(rank_fn fn, unsigned expect_kill) { run_ranks_n(N, fn, exp
 
 /* ---- a child's communicator ---------------------------------------------------- */
 
+static ncfsm_error_policy_t g_on_error; /* the children's comms (default: abort) */
+
 typedef struct ctx {
   ncfsm_loop *loop;
   ncfsm_comm *c;
@@ -135,6 +143,7 @@ static int open_comm(ctx *x, int rank, const ncfsm_sim_opts *so, uint64_t timeou
   o.backend = NCFSM_BACKEND_SIM;
   o.sim = so;
   o.timeout_ms = timeout_ms;
+  o.on_error = g_on_error;
   o.name = "mp";
   if (ncfsm_comm_new(x->loop, &o, &x->c) != NCFSM_OK) return -1;
   return ncfsm_comm_init(x->c, g_n, rank, &g_id) == NCFSM_OK ? 0 : -1;
@@ -154,6 +163,16 @@ static int close_comm(ctx *x) {
   return ok ? 0 : 1;
 }
 
+/* The clean end: finalize, wait for FINALIZED, destroy, close the loop. */
+static int finish_comm(ctx *px) {
+  ctx x = *px;
+  int rank = -1; /* named by CHECK */
+  CHECK(ncfsm_comm_finalize(x.c) == NCFSM_OK);
+  CHECK(ncfsm_comm_wait_state(x.c, NCFSM_STATE_FINALIZED, WAIT_MS) == NCFSM_OK);
+  CHECK(ncfsm_comm_destroy(x.c) == NCFSM_OK);
+  return close_comm(px);
+}
+
 /* Children have no cmocka: a refused NCFSM_SIM_* value ends the process, named. */
 static void quiet_opts(ncfsm_sim_opts *so) {
   if (ncfsm_sim_opts_init(so) != NCFSM_OK) {
@@ -163,6 +182,23 @@ static void quiet_opts(ncfsm_sim_opts *so) {
   so->init_polls = 1;
   so->launch_polls = 1;
   so->finalize_polls = 1;
+}
+
+/* Opens the rank's comm (its watchdog timeout_ms), waits for READY and sums
+ * a = {1, 1, 1, 1} over the N ranks: 0 when a[0] == N. */
+static int first_sum(ctx *out, int rank, const ncfsm_sim_opts *so, uint64_t timeout_ms, int32_t a[4]) {
+  ctx x = {0};
+  int rc = open_comm(&x, rank, so, timeout_ms);
+  *out = x; /* the caller closes what was opened */
+  CHECK(rc == 0);
+  CHECK(ncfsm_comm_wait_state(x.c, NCFSM_STATE_READY, WAIT_MS) == NCFSM_OK);
+  for (int i = 0; i < 4; i++) a[i] = 1;
+  ncfsm_work *w;
+  CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
+  CHECK(ncfsm_work_wait(w, WAIT_MS) == NCFSM_OK);
+  ncfsm_work_release(w);
+  CHECK(a[0] == N);
+  return 0;
 }
 
 /* ---- every collective's data ------------------------------------------------------ */
@@ -248,11 +284,7 @@ static int rank_collectives(int rank) {
     CHECK(ncfsm_allreduce(x.c, b, b, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, NULL) == NCFSM_OK);
   CHECK(ncfsm_loop_run(x.loop, NCFSM_RUN_DEFAULT) == NCFSM_OK);
   for (int i = 0; i < 4; i++) CHECK(b[i] == N * N * N);
-
-  CHECK(ncfsm_comm_finalize(x.c) == NCFSM_OK);
-  CHECK(ncfsm_comm_wait_state(x.c, NCFSM_STATE_FINALIZED, WAIT_MS) == NCFSM_OK);
-  CHECK(ncfsm_comm_destroy(x.c) == NCFSM_OK);
-  return close_comm(&x);
+  return finish_comm(&x);
 }
 
 static void test_mp_collectives(void **state) {
@@ -321,14 +353,9 @@ static int rank_async_error(int rank) {
     so.async_error_at_op = 1;
     so.async_error_code = NCFSM__NCCL_REMOTE_ERROR;
   }
-  CHECK(open_comm(&x, rank, &so, 800) == 0);
-  CHECK(ncfsm_comm_wait_state(x.c, NCFSM_STATE_READY, WAIT_MS) == NCFSM_OK);
-  int32_t a[4] = {1, 1, 1, 1};
+  int32_t a[4];
   ncfsm_work *w;
-  CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
-  CHECK(ncfsm_work_wait(w, WAIT_MS) == NCFSM_OK);
-  ncfsm_work_release(w);
-  CHECK(a[0] == N);
+  CHECK(first_sum(&x, rank, &so, 800, a) == 0);
   CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
   ncfsm_result_t st = ncfsm_work_wait(w, WAIT_MS);
   ncfsm_work_release(w);
@@ -423,6 +450,20 @@ static void test_mp_mismatch(void **state) {
   run_ranks(rank_mismatch, 0);
 }
 
+/* Takes the clique's robust mutex as the library does and keeps it (the
+ * mapping is never unmapped): 0, or -1 when the segment cannot be opened. */
+static int hold_clique_lock(const ncfsm_unique_id *id) {
+  char name[SIM_SHM_NAME_MAX];
+  ncfsm__sim_shm_name((const unsigned char *)id->internal, name, sizeof name);
+  int fd = shm_open(name, O_RDWR, 0);
+  if (fd < 0) return -1;
+  shm_hdr *h = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (h == MAP_FAILED || pthread_mutex_lock(&h->mu) != 0) return -1;
+  __atomic_store_n(&h->owner_pid, (int)getpid(), __ATOMIC_RELAXED);
+  return 0;
+}
+
 /* ---- a rank killed with SIGKILL --------------------------------------------------------- */
 
 static int g_kill_locked; /* 1: the victim dies holding the clique's robust mutex */
@@ -434,25 +475,13 @@ static int rank_killed(int rank) {
   ctx x = {0};
   ncfsm_sim_opts so;
   quiet_opts(&so);
-  CHECK(open_comm(&x, rank, &so, 5000) == 0);
-  CHECK(ncfsm_comm_wait_state(x.c, NCFSM_STATE_READY, WAIT_MS) == NCFSM_OK);
-  int32_t a[4] = {1, 1, 1, 1};
+  int32_t a[4];
   ncfsm_work *w;
-  CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
-  CHECK(ncfsm_work_wait(w, WAIT_MS) == NCFSM_OK);
-  ncfsm_work_release(w);
-  CHECK(a[0] == N);
+  CHECK(first_sum(&x, rank, &so, 5000, a) == 0);
   CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
   if (rank == 3) {
     if (g_kill_locked) { /* die inside the clique's critical section */
-      char name[SIM_SHM_NAME_MAX];
-      ncfsm__sim_shm_name((const unsigned char *)g_id.internal, name, sizeof name);
-      int fd = shm_open(name, O_RDWR, 0);
-      CHECK(fd >= 0);
-      shm_hdr *h = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      CHECK(h != MAP_FAILED);
-      CHECK(pthread_mutex_lock(&h->mu) == 0);
-      h->owner_pid = (int)getpid();
+      CHECK(hold_clique_lock(&g_id) == 0);
     }
     raise(SIGKILL);
   }
@@ -476,6 +505,117 @@ static void test_mp_sigkill_holding_lock(void **state) {
   (void)state;
   g_kill_locked = 1;
   run_ranks(rank_killed, 1u << 3);
+}
+
+/* ---- a rank stopped while it holds the clique's lock ------------------------------------- */
+
+static ncfsm_unique_id g_id2; /* the survivors' new clique */
+static atomic_int *g_step;     /* shared by the ranks: survivors done with the first AllReduce; 100: rank 3 holds the lock */
+
+/* Rank 3 takes the clique's lock and stops itself (SIGSTOP); it is never
+ * resumed. The survivors' second AllReduce ends by the watchdog, not in a
+ * wait for the lock (as a stopped peer stalls NCCL's collectives, not its
+ * host calls); abort and release return; a new clique of the three works. */
+static int rank_stopped(int rank) {
+  ctx x = {0};
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  int32_t a[4];
+  ncfsm_work *w;
+  CHECK(first_sum(&x, rank, &so, 1000, a) == 0);
+  if (rank == 3) {
+    for (int t = 0; atomic_load(g_step) < N - 1 && t < 10000; t++) sleep_ms(1);
+    CHECK(atomic_load(g_step) == N - 1);
+    CHECK(hold_clique_lock(&g_id) == 0);
+    atomic_store(g_step, 100);
+    raise(SIGSTOP);
+    return 1; /* never resumed: killed */
+  }
+  atomic_fetch_add(g_step, 1);
+  for (int t = 0; atomic_load(g_step) != 100 && t < 10000; t++) sleep_ms(1);
+  CHECK(atomic_load(g_step) == 100); /* rank 3 holds the lock */
+  uint64_t t0 = ncfsm__now_ns();
+  CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
+  ncfsm_result_t st = ncfsm_work_wait(w, WAIT_MS);
+  ncfsm_work_release(w);
+  CHECK(st == NCFSM_ERR_TIMEOUT); /* the 1 s watchdog */
+  CHECK((ncfsm__now_ns() - t0) / 1000000 < 5000);
+  CHECK(strstr(be->last_error(NULL), "which is stopped") != NULL);
+  /* a shrink without rank 3 needs the parent's segment: its child fails, named, never hangs */
+  CHECK(ncfsm_comm_state(x.c) == NCFSM_STATE_ERROR);
+  ncfsm_comm_opts co;
+  CHECK(ncfsm_comm_opts_init(&co) == NCFSM_OK);
+  co.backend = NCFSM_BACKEND_SIM;
+  co.sim = &so;
+  co.name = "shrunk";
+  ncfsm_comm *child;
+  CHECK(ncfsm_comm_new(x.loop, &co, &child) == NCFSM_OK);
+  int ex = 3;
+  ncfsm_result_t sr = ncfsm_comm_shrink(x.c, &ex, 1, NCFSM_SHRINK_ABORT, child); /* the sim refuses it at once */
+  CHECK(sr == NCFSM_ERR_ASYNC || (sr == NCFSM_OK && ncfsm_comm_wait_state(child, NCFSM_STATE_READY, 5000) ==
+                                                      NCFSM_ERR_ILLEGAL_STATE));
+  CHECK(ncfsm_comm_state(child) != NCFSM_STATE_READY);
+  CHECK(strstr(ncfsm_comm_last_error(child), "which is stopped") != NULL);
+  CHECK(ncfsm_comm_abort(child) == NCFSM_OK);
+  CHECK(ncfsm_comm_release(child) == NCFSM_OK);
+  CHECK(close_comm(&x) == 0); /* abort, release and the loop's close return */
+  CHECK((ncfsm__now_ns() - t0) / 1000000 < 8000);
+  /* the survivors' new clique (a re-initialisation over them) */
+  ctx y = {0};
+  g_n = 3;
+  g_id = g_id2;
+  CHECK(open_comm(&y, rank, &so, 0) == 0);
+  CHECK(ncfsm_comm_wait_state(y.c, NCFSM_STATE_READY, WAIT_MS) == NCFSM_OK);
+  for (int i = 0; i < 4; i++) a[i] = rank + 1;
+  x = y;
+  CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
+  CHECK(ncfsm_work_wait(w, WAIT_MS) == NCFSM_OK);
+  ncfsm_work_release(w);
+  CHECK(a[0] == 6 && a[3] == 6);
+  return finish_comm(&x);
+}
+
+static void test_mp_stopped_holding_lock(void **state) {
+  (void)state;
+  g_n = N;
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &g_id), NCFSM_OK);
+  assert_int_equal(ncfsm_get_unique_id(NCFSM_BACKEND_SIM, &g_id2), NCFSM_OK);
+  ncfsm_unique_id first = g_id;
+  g_on_error = NCFSM_ON_ERROR_STAY; /* the survivors shrink their failed comm */
+  g_step = mmap(NULL, sizeof *g_step, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(g_step != MAP_FAILED);
+  atomic_init(g_step, 0);
+  pid_t pid[N];
+  fork_ranks(N, rank_stopped, pid);
+  int status[N] = {0}, left = N - 1;
+  for (int t = 0; left && t < 20000; t++) { /* the survivors: 20 s */
+    for (int r = 0; r < N - 1; r++)
+      if (pid[r] && waitpid(pid[r], &status[r], WNOHANG) == pid[r]) {
+        pid[r] = 0;
+        left--;
+      }
+    if (left) sleep_ms(1);
+  }
+  int stopped_st;
+  pid_t got = waitpid(pid[3], &stopped_st, WNOHANG | WUNTRACED);
+  kill(pid[3], SIGKILL);
+  int st3;
+  waitpid(pid[3], &st3, 0);
+  for (int r = 0; r < N - 1; r++)
+    if (pid[r]) {
+      kill(pid[r], SIGKILL);
+      waitpid(pid[r], &status[r], 0);
+      fail_msg("rank %d hung (killed after 20 s) while rank 3 was stopped holding the lock", r);
+    }
+  munmap(g_step, sizeof *g_step);
+  g_on_error = NCFSM_ON_ERROR_ABORT;
+  assert_true(got == pid[3] && WIFSTOPPED(stopped_st)); /* it was stopped, not ended */
+  for (int r = 0; r < N - 1; r++)
+    if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0) fail_msg("rank %d failed (status 0x%x)", r, status[r]);
+  /* the survivors left the first segment without its lock; with rank 3 gone it is stale */
+  ncfsm__sim_shm_sweep();
+  assert_false(segment_exists(&first));
+  assert_false(segment_exists(&g_id2));
 }
 
 /* ---- one process: the arena bound and stale segments ------------------------------------- */
@@ -1258,6 +1398,7 @@ int main(void) {
       cmocka_unit_test(test_mp_async_error_at_op), cmocka_unit_test(test_mp_never_arrive),
       cmocka_unit_test(test_mp_fail_init),        cmocka_unit_test(test_mp_mismatch),
       cmocka_unit_test(test_mp_sigkill),          cmocka_unit_test(test_mp_sigkill_holding_lock),
+      cmocka_unit_test(test_mp_stopped_holding_lock),
       cmocka_unit_test(test_arena_bound),         cmocka_unit_test(test_stale_segment_cleanup),
       cmocka_unit_test(test_mp_r13_drift),        cmocka_unit_test(test_crash_mid_alloc),
       cmocka_unit_test(test_crash_mid_free),      cmocka_unit_test(test_crash_mid_unlink),
