@@ -67,8 +67,14 @@ python3 "$HERE/engine_scale_table.py" --cg "$TMP/cg.csv" "${WALLS[@]}" --list "$
   --csv "$OUT/$NAME.csv" --comms-csv "$OUT/$NAME-comms.csv" >"$TMP/tables.md"
 
 PLOT="$OUT/$NAME-comms.png"
-if python3 -c "import matplotlib" 2>/dev/null; then
-  python3 "$HERE/plot_engine_scale.py" "$OUT/$NAME-comms.csv" "$PLOT"
+# the first Python with matplotlib: the one on PATH, else the system's (Debian's python3-matplotlib
+# is for /usr/bin/python3, which a pyenv or venv on PATH hides)
+PY=""
+for p in python3 /usr/bin/python3; do
+  if "$p" -c "import matplotlib" 2>/dev/null; then PY=$p; break; fi
+done
+if [ -n "$PY" ]; then
+  "$PY" "$HERE/plot_engine_scale.py" "$OUT/$NAME-comms.csv" "$PLOT"
   PLOTLINE="![cost per op against the number of comms]($NAME-comms.png)"
 elif command -v gnuplot >/dev/null; then
   gnuplot <<EOF
