@@ -49,6 +49,7 @@ typedef struct sim_stream {
   size_t cap;     /* ring capacity (power of two, or 0) */
   size_t head;    /* ring index of ticket done+1 */
   struct sim_note *notes, *notes_tail; /* host_notify: fn runs once done >= target (FIFO) */
+  uint64_t fork_gen; /* ncfsm__sim_fork_gen at creation: its notes count as pending in that process only */
 } sim_stream;
 
 typedef struct sim_note {
@@ -58,8 +59,12 @@ typedef struct sim_note {
   struct sim_note *next;
 } sim_note;
 
-/* cudaLaunchHostFunc: fn(arg) once everything posted on stream so far completed. */
+/* cudaLaunchHostFunc: fn(arg) once everything posted on stream so far
+ * completed. While one is pending, this process's device thread runs the
+ * sim's progress (sim_stream.c), as the GPU runs a stream without its host. */
 int ncfsm__sim_host_notify(void *stream, void (*fn)(void *), void *arg);
+/* In a forked child, under ncfsm__sim_mu: it has no device thread. */
+void ncfsm__sim_device_forked(void);
 
 typedef struct sim_event {
   uint32_t magic;

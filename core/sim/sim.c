@@ -55,6 +55,7 @@ static void atfork_child(void) {
     ncfsm__sim_cliques = NULL;
   }
   ncfsm__sim_group_forked(); /* an open group of the forking thread */
+  ncfsm__sim_device_forked(); /* the parent's device thread is not here */
   UNLOCK();
 }
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;

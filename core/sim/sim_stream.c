@@ -7,10 +7,12 @@
  * end therefore completes at once, as measured on NCCL 2.28 (R2). An op
  * completes when it executes (or is dropped by destroy/abort/revoke); the
  * stream completes in FIFO order. Return codes are cudaError_t values.
- * Progress (op execution) runs inside event_query, as the GPU would.
+ * Progress (op execution) runs inside event_query, as the GPU would, and,
+ * while a host function is pending, on the process's device thread (below).
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/log.h"
 #include "core/sim/sim-internal.h"
@@ -57,6 +59,70 @@ int ncfsm__sim_stream_enqueue(sim_stream *s, uint64_t *ticket) {
   return 0;
 }
 
+/* ---- the device thread ------------------------------------------------------
+ * A GPU runs what was launched on its streams whether or not its host calls
+ * CUDA or NCCL again; the sim runs ops inside its calls (event_query, a
+ * launch). A host function is how a host that stops calling waits: ncfsm's
+ * push completion sleeps until one runs. Were the sim's progress left to the
+ * calls, such a process would neither deposit its posted ops nor collect its
+ * results, so a peer in another process would wait for it, fall back to push
+ * itself, and each op would take the loops' fallback timer. So while a host
+ * function of this process is pending, a thread of its own (started at the
+ * first such wait, detached) runs the progress every tick: DEV_TICK_MIN_US,
+ * doubling while no host function ran, at most DEV_TICK_MAX_US. It waits on
+ * dev.cv, without a tick, while none is pending. */
+#define DEV_TICK_MIN_US 10
+#define DEV_TICK_MAX_US 250
+
+static struct {
+  pthread_cond_t cv; /* with ncfsm__sim_mu: a host function became pending */
+  int started;       /* 1: the thread runs; -1: it could not be started (the loops poll) */
+  uint64_t pending;  /* host functions of this process not yet run */
+  uint64_t ran;      /* host functions run, for the tick */
+} dev = {.cv = PTHREAD_COND_INITIALIZER};
+
+static void *device_main(void *arg) {
+  (void)arg;
+  unsigned tick = DEV_TICK_MIN_US;
+  LOCK();
+  for (;;) {
+    while (!dev.pending) {
+      pthread_cond_wait(&dev.cv, &ncfsm__sim_mu);
+      tick = DEV_TICK_MIN_US;
+    }
+    uint64_t ran = dev.ran;
+    ncfsm__sim_progress(); /* runs the host functions whose point it reached */
+    tick = dev.ran != ran ? DEV_TICK_MIN_US : tick * 2 > DEV_TICK_MAX_US ? DEV_TICK_MAX_US : tick * 2;
+    UNLOCK();
+    struct timespec ts = {0, (long)tick * 1000};
+    nanosleep(&ts, NULL);
+    LOCK();
+  }
+  return NULL;
+}
+
+/* A host function became pending: the thread (started once) runs the progress. */
+static void device_wake(void) {
+  if (dev.started == 0) {
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    dev.started = pthread_create(&t, &at, device_main, NULL) == 0 ? 1 : -1;
+    pthread_attr_destroy(&at);
+    if (dev.started < 0)
+      ncfsm__sim_warn("sim: the device thread could not be started: a host function runs only when this "
+                      "process calls the sim (its loop's fallback timer)");
+  }
+  if (dev.started > 0) pthread_cond_signal(&dev.cv);
+}
+
+void ncfsm__sim_device_forked(void) {
+  pthread_cond_init(&dev.cv, NULL); /* the parent's thread may have been waiting on it */
+  dev.started = 0;
+  dev.pending = 0; /* the parent's host functions are its own (sim_stream.fork_gen) */
+}
+
 /* Host functions whose point the stream has reached run now (as CUDA runs
  * them on its own thread: they must not call back into the sim). */
 static void run_notes(sim_stream *s) {
@@ -64,6 +130,10 @@ static void run_notes(sim_stream *s) {
     sim_note *n = s->notes;
     s->notes = n->next;
     if (!s->notes) s->notes_tail = NULL;
+    if (s->fork_gen == ncfsm__sim_fork_gen) { /* counted pending by this process */
+      dev.pending--;
+      dev.ran++;
+    }
     n->fn(n->arg);
     free(n);
     s->refs--;
@@ -102,7 +172,9 @@ int ncfsm__sim_host_notify(void *stream, void (*fn)(void *), void *arg) {
       else s->notes = n;
       s->notes_tail = n;
       s->refs++;
+      if (s->fork_gen == ncfsm__sim_fork_gen) dev.pending++; /* not on a forked child's copy of a stream */
       run_notes(s); /* nothing pending: it runs at once */
+      if (dev.pending) device_wake();
     }
   }
   UNLOCK();
@@ -115,6 +187,7 @@ int ncfsm__sim_stream_create(int device, void **stream) {
   if (!s) return SIM_CUDA_NO_MEMORY;
   s->magic = SIM_MAGIC_STREAM;
   s->device = device;
+  s->fork_gen = ncfsm__sim_fork_gen;
   *stream = s;
   return 0;
 }

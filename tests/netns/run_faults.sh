@@ -51,7 +51,7 @@ done
 BOUND_MS=${BOUND_MS:-6000}
 # 05_recovery's iterations: about 30 us each here, 150 us under ASan. A cut-off rank 3 goes on
 # with the others over the sim's shared memory until the store drops it (4-5 s after the
-# fault), so that run must outlast it: 400,000 (12 s here); the others 100,000 (3 s).
+# fault), so that run must outlast it: 400,000 (15 s here); the others 100,000 (3 s).
 # Under ASan (make test-asan sets ASAN_OPTIONS) an iteration costs 5x or more, 15x on a loaded
 # machine: 150,000 still outlast the drop by far and stay inside the 180 s bound per run.
 if [ -n "${ASAN_OPTIONS:-}" ]; then

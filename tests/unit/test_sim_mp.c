@@ -31,6 +31,7 @@
 #include "core/backend.h"
 #include "core/log.h"
 #include "core/sim/sim-internal.h"
+#include "fsm/objects.h"
 #include "helpers.h"
 
 #define N 4
@@ -133,11 +134,9 @@ typedef struct ctx {
   ncfsm_comm *c;
 } ctx;
 
-static int open_comm(ctx *x, int rank, const ncfsm_sim_opts *so, uint64_t timeout_ms) {
-  ncfsm_loop_opts lo;
-  ncfsm_loop_opts_init(&lo);
-  lo.overlap = NCFSM_OVERLAP_WARN; /* R12 test: launch overlapping ops as NCCL would */
-  if (ncfsm_loop_new(&lo, &x->loop) != NCFSM_OK) return -1;
+/* The rank's loop (lo: its options) and comm, initialised from g_id. */
+static int open_comm_on(ctx *x, int rank, const ncfsm_loop_opts *lo, const ncfsm_sim_opts *so, uint64_t timeout_ms) {
+  if (ncfsm_loop_new(lo, &x->loop) != NCFSM_OK) return -1;
   ncfsm_comm_opts o;
   ncfsm_comm_opts_init(&o);
   o.backend = NCFSM_BACKEND_SIM;
@@ -147,6 +146,13 @@ static int open_comm(ctx *x, int rank, const ncfsm_sim_opts *so, uint64_t timeou
   o.name = "mp";
   if (ncfsm_comm_new(x->loop, &o, &x->c) != NCFSM_OK) return -1;
   return ncfsm_comm_init(x->c, g_n, rank, &g_id) == NCFSM_OK ? 0 : -1;
+}
+
+static int open_comm(ctx *x, int rank, const ncfsm_sim_opts *so, uint64_t timeout_ms) {
+  ncfsm_loop_opts lo;
+  ncfsm_loop_opts_init(&lo);
+  lo.overlap = NCFSM_OVERLAP_WARN; /* R12 test: launch overlapping ops as NCCL would */
+  return open_comm_on(x, rank, &lo, so, timeout_ms);
 }
 
 static int close_comm(ctx *x) {
@@ -616,6 +622,55 @@ static void test_mp_stopped_holding_lock(void **state) {
   ncfsm__sim_shm_sweep();
   assert_false(segment_exists(&first));
   assert_false(segment_exists(&g_id2));
+}
+
+/* ---- push completion across processes ---------------------------------------------- */
+
+/* A loop in push completion sleeps until a host function runs. Were the
+ * sim's progress left to its calls, a sleeping process would not collect its
+ * results (nor deposit its later ops), and an AllReduce whose peer came late
+ * would wait for the loop's fallback timer, PUSH_FALLBACK_MS here; the
+ * process's device thread runs the progress instead (docs/sim.md "Processes").
+ * Rank 1 comes 20 ms late to each of 8 AllReduces: rank 0's wait goes to its
+ * stream, and every AllReduce must end far sooner than the fallback. */
+#define PUSH_FALLBACK_MS 5000
+static int rank_push(int rank) {
+  ctx x = {0};
+  ncfsm_loop_opts lo;
+  ncfsm_loop_opts_init(&lo);
+  lo.completion = NCFSM_COMPLETION_PUSH;
+  lo.push_fallback_us = PUSH_FALLBACK_MS * 1000u;
+  lo.poll_burst = lo.poll_burst_us = 0; /* every wait goes to the stream at once */
+  ncfsm_sim_opts so;
+  quiet_opts(&so);
+  CHECK(open_comm_on(&x, rank, &lo, &so, 0) == 0);
+  CHECK(ncfsm_comm_wait_state(x.c, NCFSM_STATE_READY, WAIT_MS) == NCFSM_OK);
+  uint64_t slowest = 0;
+  for (int i = 0; i < 8; i++) {
+    int32_t a[4];
+    for (int k = 0; k < 4; k++) a[k] = rank + i;
+    if (rank == 1) sleep_ms(20);
+    uint64_t t0 = ncfsm__now_ns();
+    ncfsm_work *w;
+    CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
+    CHECK(ncfsm_work_wait(w, WAIT_MS) == NCFSM_OK);
+    ncfsm_work_release(w);
+    uint64_t ms = (ncfsm__now_ns() - t0) / 1000000;
+    if (ms > slowest) slowest = ms;
+    CHECK(a[0] == 2 * i + 1 && a[3] == 2 * i + 1);
+    CHECK(ms < PUSH_FALLBACK_MS / 2); /* not the fallback timer's */
+  }
+  const ncfsm__notifier *n = x.loop->notifier;
+  CHECK(n && atomic_load(&n->posted) > 0); /* the waits went to the streams */
+  printf("rank %d: push across processes: slowest AllReduce %llu ms, %llu host functions, %llu woke the loop\n",
+         rank, (unsigned long long)slowest, (unsigned long long)atomic_load(&n->posted),
+         (unsigned long long)atomic_load(&n->wakes));
+  return finish_comm(&x);
+}
+
+static void test_mp_push(void **state) {
+  (void)state;
+  run_ranks_n(2, rank_push, 0);
 }
 
 /* ---- one process: the arena bound and stale segments ------------------------------------- */
@@ -1398,7 +1453,7 @@ int main(void) {
       cmocka_unit_test(test_mp_async_error_at_op), cmocka_unit_test(test_mp_never_arrive),
       cmocka_unit_test(test_mp_fail_init),        cmocka_unit_test(test_mp_mismatch),
       cmocka_unit_test(test_mp_sigkill),          cmocka_unit_test(test_mp_sigkill_holding_lock),
-      cmocka_unit_test(test_mp_stopped_holding_lock),
+      cmocka_unit_test(test_mp_stopped_holding_lock),    cmocka_unit_test(test_mp_push),
       cmocka_unit_test(test_arena_bound),         cmocka_unit_test(test_stale_segment_cleanup),
       cmocka_unit_test(test_mp_r13_drift),        cmocka_unit_test(test_crash_mid_alloc),
       cmocka_unit_test(test_crash_mid_free),      cmocka_unit_test(test_crash_mid_unlink),
