@@ -1,4 +1,5 @@
 /* Backend selection: NCFSM_BACKEND=auto|sim|nccl|null (core/settings.def). */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -66,4 +67,15 @@ ncfsm_result_t ncfsm_backend_query(ncfsm_backend_kind_t kind, ncfsm_backend_info
   out->device_count = be->kind == NCFSM_BACKEND_NCCL ? be->device_count() : 0;
   out->has_revoke = (be->features() & NCFSM__HAS_REVOKE) != 0;
   return NCFSM_OK;
+}
+
+int ncfsm__thread_detached(void *(*fn)(void *), void *arg) {
+  pthread_t t;
+  pthread_attr_t at;
+  int rc = pthread_attr_init(&at);
+  if (rc) return rc;
+  rc = pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  if (!rc) rc = pthread_create(&t, &at, fn, arg);
+  pthread_attr_destroy(&at);
+  return rc;
 }

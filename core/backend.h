@@ -161,6 +161,11 @@ extern uint64_t ncfsm__null_group_end_ns;
 extern const ncfsm__backend ncfsm__backend_nccl;
 #endif
 
+/* Starts fn(arg) on a detached thread of its own (a backend's helper that
+ * lives as long as the process: the nccl wake thread, the sim's device
+ * thread): 0 when started, else pthread_create's error. */
+int ncfsm__thread_detached(void *(*fn)(void *), void *arg);
+
 /* The backend for a kind; AUTO resolves through NCFSM_BACKEND, then to nccl
  * when a GPU is visible, else sim. NULL with a reason when unavailable. */
 const ncfsm__backend *ncfsm__backend_get(ncfsm_backend_kind_t kind, char *why, size_t why_len);

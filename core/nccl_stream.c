@@ -88,14 +88,7 @@ static int host_notify_event(void *stream, void (*fn)(void *), void *arg) {
   it->fn = fn;
   it->arg = arg;
   pthread_mutex_lock(&wq.mu);
-  if (wq.started == 0) {
-    pthread_t t;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    wq.started = pthread_create(&t, &at, wake_main, NULL) == 0 ? 1 : -1;
-    pthread_attr_destroy(&at);
-  }
+  if (wq.started == 0) wq.started = ncfsm__thread_detached(wake_main, NULL) == 0 ? 1 : -1;
   if (wq.started < 0) {
     pthread_mutex_unlock(&wq.mu);
     ncfsm__rt.cudaEventDestroy(it->ev);

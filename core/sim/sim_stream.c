@@ -78,7 +78,6 @@ static struct {
   pthread_cond_t cv; /* with ncfsm__sim_mu: a host function became pending */
   int started;       /* 1: the thread runs; -1: it could not be started (the loops poll) */
   uint64_t pending;  /* host functions of this process not yet run */
-  uint64_t ran;      /* host functions run, for the tick */
 } dev = {.cv = PTHREAD_COND_INITIALIZER};
 
 static void *device_main(void *arg) {
@@ -90,9 +89,9 @@ static void *device_main(void *arg) {
       pthread_cond_wait(&dev.cv, &ncfsm__sim_mu);
       tick = DEV_TICK_MIN_US;
     }
-    uint64_t ran = dev.ran;
-    ncfsm__sim_progress(); /* runs the host functions whose point it reached */
-    tick = dev.ran != ran ? DEV_TICK_MIN_US : tick * 2 > DEV_TICK_MAX_US ? DEV_TICK_MAX_US : tick * 2;
+    uint64_t before = dev.pending; /* only host_notify adds, under the lock */
+    ncfsm__sim_progress();         /* runs the host functions whose point it reached */
+    tick = dev.pending < before ? DEV_TICK_MIN_US : tick * 2 > DEV_TICK_MAX_US ? DEV_TICK_MAX_US : tick * 2;
     UNLOCK();
     struct timespec ts = {0, (long)tick * 1000};
     nanosleep(&ts, NULL);
@@ -104,12 +103,7 @@ static void *device_main(void *arg) {
 /* A host function became pending: the thread (started once) runs the progress. */
 static void device_wake(void) {
   if (dev.started == 0) {
-    pthread_t t;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    dev.started = pthread_create(&t, &at, device_main, NULL) == 0 ? 1 : -1;
-    pthread_attr_destroy(&at);
+    dev.started = ncfsm__thread_detached(device_main, NULL) == 0 ? 1 : -1;
     if (dev.started < 0)
       ncfsm__sim_warn("sim: the device thread could not be started: a host function runs only when this "
                       "process calls the sim (its loop's fallback timer)");
@@ -130,10 +124,7 @@ static void run_notes(sim_stream *s) {
     sim_note *n = s->notes;
     s->notes = n->next;
     if (!s->notes) s->notes_tail = NULL;
-    if (s->fork_gen == ncfsm__sim_fork_gen) { /* counted pending by this process */
-      dev.pending--;
-      dev.ran++;
-    }
+    if (s->fork_gen == ncfsm__sim_fork_gen) dev.pending--; /* counted pending by this process */
     n->fn(n->arg);
     free(n);
     s->refs--;
