@@ -100,6 +100,7 @@ static void close_comm(ncfsm_comm *c) {
 }
 
 void em_teardown(em_bench *b) {
+  if (b->pinned) pthread_setaffinity_np(pthread_self(), sizeof b->cpus, &b->cpus);
   if (b->loop_thread) ncfsm_loop_stop_thread(b->loop);
   for (int i = 0; i < b->ncomms; i++) close_comm(b->comms[i]);
   close_comm(b->ref_comm);
@@ -426,26 +427,46 @@ typedef struct sync1 {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int done;
+  void (*fn)(int);
+  int arg;
 } sync1;
 
-static void toggle_on_loop(void *arg) {
+static void sync_on_loop(void *arg) {
   sync1 *s = arg;
-  CALLGRIND_TOGGLE_COLLECT;
+  s->fn(s->arg);
   pthread_mutex_lock(&s->mu);
   s->done = 1;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }
 
-/* Toggle callgrind's collection on the loop's thread, and wait until it did. */
-static int toggle_loop_thread(ncfsm_loop *loop) {
-  sync1 s = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-  ncfsm_result_t r = ncfsm_loop_call(loop, toggle_on_loop, &s);
+/* fn(arg) on the loop's thread; returns once it ran. */
+static int on_loop_thread(ncfsm_loop *loop, void (*fn)(int), int arg) {
+  sync1 s = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, fn, arg};
+  ncfsm_result_t r = ncfsm_loop_call(loop, sync_on_loop, &s);
   if (r != NCFSM_OK) return fail("ncfsm_loop_call", r);
   pthread_mutex_lock(&s.mu);
   while (!s.done) pthread_cond_wait(&s.cv, &s.mu);
   pthread_mutex_unlock(&s.mu);
   return 0;
+}
+
+static void toggle(int unused) {
+  (void)unused;
+  CALLGRIND_TOGGLE_COLLECT;
+}
+
+/* Toggle callgrind's collection on the loop's thread, and wait until it did. */
+static int toggle_loop_thread(ncfsm_loop *loop) { return on_loop_thread(loop, toggle, 0); }
+
+/* --pin: the calling thread on CPU cpu (modulo the CPUs online). */
+static void pin_self(int cpu) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET((int)(cpu % (n > 0 ? n : 1)), &set);
+  int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  if (rc != 0) fprintf(stderr, "engine_overhead: --pin: CPU %d: %s\n", cpu, strerror(rc));
 }
 
 typedef struct submitter {
@@ -457,6 +478,7 @@ typedef struct submitter {
 
 static void *submitter_main(void *arg) {
   submitter *s = arg;
+  if (s->b->pin) pin_self(1 + (int)s->k);
   if (s->b->collect) CALLGRIND_TOGGLE_COLLECT;
   ncfsm_comm *c = s->b->comms[0];
   s->got = s->stream ? stream_ops(c, slot(s->b, 64 * s->k), s->n, &s->mine) : wait_ops(c, slot(s->b, s->k), s->n);
@@ -469,6 +491,11 @@ static int setup_threads(em_bench *b) {
   ncfsm_result_t r = ncfsm_loop_start_thread(b->loop);
   if (r != NCFSM_OK) return fail("ncfsm_loop_start_thread", r);
   b->loop_thread = 1;
+  if (b->pin) { /* the loop's thread on CPU 0, this one (the reference) on 1, submitter k on 1 + k */
+    if (pthread_getaffinity_np(pthread_self(), sizeof b->cpus, &b->cpus) == 0) b->pinned = 1;
+    if (on_loop_thread(b->loop, pin_self, 0)) return -1;
+    pin_self(1);
+  }
   if (b->callgrind) return 0; /* the references are modes of their own: coalesce, selfdrive */
   if (new_loop(0, &b->ref_loop) || new_comm(b->ref_loop, 1, &b->ref_comm)) return -1;
   r = ncfsm_comm_wait_state(b->ref_comm, NCFSM_STATE_READY, 10000);

@@ -8,6 +8,7 @@
 #ifndef BENCH_ENGINE_MODES_H
 #define BENCH_ENGINE_MODES_H
 
+#include <sched.h>
 #include <stddef.h>
 
 #include "ncfsm.h"
@@ -18,6 +19,9 @@ typedef struct em_bench {
   int collect;         /* this run is measured: its threads toggle their own collection (callgrind's
                           state is per thread; a thread starts with it off) */
   long idle_ms;        /* memory: how long the loop idles after the peak */
+  int pin;             /* threads-T, waiters-T: each thread on a CPU of its own (--pin) */
+  int pinned;          /* ... and cpus is the calling thread's affinity before, restored at teardown */
+  cpu_set_t cpus;
   ncfsm_loop *loop;    /* the measured loop */
   int loop_thread;     /* 1: it runs on its own thread (ncfsm_loop_start_thread) */
   ncfsm_comm **comms;

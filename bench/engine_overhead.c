@@ -6,9 +6,12 @@
  *   engine_overhead [ops-per-run] [runs]       pingpong, burst, coalesce: ns/op, median of runs
  *   valgrind --tool=callgrind --collect-atstart=no engine_overhead --callgrind
  *                                              the same three: instructions for a measured block
- *   engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] [--backend null|sim] MODE...
+ *   engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] [--backend null|sim] [--pin] MODE...
  *                                              the modes named (engine_overhead --list); --backend sim:
- *                                              the same on the sim (a model with costs of its own)
+ *                                              the same on the sim (a model with costs of its own);
+ *                                              --pin: threads-T and waiters-T put the loop's thread on
+ *                                              CPU 0, the reference (this thread) on 1, submitter k on
+ *                                              1 + k (modulo the CPUs online)
  *
  * Issue 2's three patterns (one comm):
  *   pingpong  submit one op, run the loop until it completes (the latency path)
@@ -24,6 +27,7 @@
  * "<mode>_<ops>_ops", which bench/callgrind_overhead.sh divides by) is n
  * rounded up to a multiple of the round (N, W, G or C).
  */
+#define _GNU_SOURCE /* cpu_set_t (engine_modes.h) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +56,7 @@ typedef struct bench_args {
   int legacy;  /* issue 2's command line: its output format */
   long idle_ms;
   const char *backend; /* null (the engine's cost alone), or sim (--backend sim) */
+  int pin;             /* --pin */
 } bench_args;
 
 typedef struct stats {
@@ -127,7 +132,7 @@ static int timed_runs(const bench_args *a, const em_mode *m, em_bench *b, const 
 }
 
 static int measure(const bench_args *a, const em_mode *m, long param, const char *name) {
-  em_bench b = {.param = param, .callgrind = a->callgrind, .idle_ms = a->idle_ms};
+  em_bench b = {.param = param, .callgrind = a->callgrind, .idle_ms = a->idle_ms, .pin = a->pin};
   int rc = m->setup(&b);
   if (!rc && m->warm) { /* as many ops as measured: the free lists and the engine's arrays at their size */
     rc = m->run(&b, a->ops) < 0;
@@ -154,7 +159,7 @@ static int usage(const char *why) {
           "engine_overhead: %s\n"
           "usage: engine_overhead [ops-per-run] [runs]                      pingpong, burst, coalesce (ns/op)\n"
           "       engine_overhead --callgrind                               the same, 10,000 ops each, under callgrind\n"
-          "       engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] [--backend null|sim] MODE...\n"
+          "       engine_overhead [--callgrind] [--ops N] [--runs R] [--idle-ms MS] [--backend null|sim] [--pin] MODE...\n"
           "       engine_overhead --list                                    the modes, one a line\n",
           why);
   return 2;
@@ -181,6 +186,8 @@ int main(int argc, char **argv) {
       return 0;
     } else if (!strcmp(s, "--callgrind")) {
       a.callgrind = 1;
+    } else if (!strcmp(s, "--pin")) {
+      a.pin = 1;
     } else if (!strcmp(s, "--backend")) {
       if (i + 1 >= argc || (strcmp(argv[i + 1], "null") && strcmp(argv[i + 1], "sim")))
         return usage("--backend needs null or sim");

@@ -157,9 +157,14 @@ static bool handoff(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncfsm_work_c
       counted = true;
     }
     w->next = h;
-    if (atomic_compare_exchange_weak_explicit(&loop->handoff, &h, w, memory_order_release, memory_order_relaxed)) break;
+    if (atomic_compare_exchange_weak_explicit(&loop->handoff, &h, w, memory_order_seq_cst, memory_order_relaxed))
+      break;
   }
-  if (!h) loop->ops->wake(loop); /* the first on the stack wakes the loop; the turn takes the rest too */
+  /* The first on the stack wakes the loop (the turn takes the rest too),
+   * unless its thread is awake: it looks at the stack before it waits
+   * (fsm/loop.c). Waking it anyway costs libevent's lock, which that
+   * thread holds in its dispatch: a futex wait and wake per turn. */
+  if (!h && !atomic_load(&loop->awake)) loop->ops->wake(loop);
   if (counted) atomic_fetch_sub_explicit(&loop->handing, 1, memory_order_release);
   return true;
 }
@@ -190,8 +195,13 @@ static ncfsm_result_t submit(ncfsm_comm *c, ncfsm_call_t call, ncfsm__op *o, ncf
   if (out) *out = NULL;
   if (!ncfsm__comm_ok(c)) return NCFSM_ERR_INVALID_ARGUMENT;
   ncfsm_loop *loop = c->loop;
+  /* A loop on its own thread: another thread hands off first. Taking the
+   * lock between two of that thread's turns would make it wait for the
+   * lock, asleep, once every few ops (a futex wait and wake each). */
+  bool first = atomic_load_explicit(&loop->threaded, memory_order_relaxed) && !ncfsm__loop_in_turn(loop);
+  if (first && handoff(c, call, o, cb, arg, out)) return NCFSM_OK;
   if (pthread_mutex_trylock(&loop->mu) != 0) {
-    if (handoff(c, call, o, cb, arg, out)) return NCFSM_OK;
+    if (!first && handoff(c, call, o, cb, arg, out)) return NCFSM_OK;
     pthread_mutex_lock(&loop->mu);
   }
   ncfsm__handoff_turn(loop); /* the submissions handed off before this one first */

@@ -349,6 +349,7 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
 
 static void *loop_thread_main(void *arg) {
   ncfsm_loop *loop = arg;
+  atomic_store(&loop->awake, 1);
   for (;;) {
     pthread_mutex_lock(&loop->mu);
     bool stop = loop->thread_stop;
@@ -356,9 +357,18 @@ static void *loop_thread_main(void *arg) {
     bool yield = ncfsm__timer_now(loop) && !loop->kick;
     pthread_mutex_unlock(&loop->mu);
     if (stop) break;
-    if (direct) direct_turn(loop, yield);
-    else event_base_loop(loop->base, EVLOOP_ONCE | EVLOOP_NO_EXIT_ON_EMPTY);
+    if (direct) {
+      direct_turn(loop, yield);
+      continue;
+    }
+    /* About to wait: a hand-off pushed from here on wakes the thread; one
+     * pushed before that saw it awake is on the stack now (both sequentially
+     * consistent: the push and its read of awake, this store and this read). */
+    atomic_store(&loop->awake, 0);
+    if (!atomic_load(&loop->handoff)) event_base_loop(loop->base, EVLOOP_ONCE | EVLOOP_NO_EXIT_ON_EMPTY);
+    atomic_store(&loop->awake, 1);
   }
+  atomic_store(&loop->awake, 0);
   return NULL;
 }
 
@@ -383,6 +393,7 @@ ncfsm_result_t ncfsm_loop_start_thread(ncfsm_loop *loop) {
   loop->thread_started = true;
   loop->runner = loop->thread;
   loop->running++;
+  atomic_store_explicit(&loop->threaded, 1, memory_order_relaxed);
   pthread_mutex_unlock(&loop->mu);
   return NCFSM_OK;
 }
@@ -395,6 +406,7 @@ ncfsm_result_t ncfsm_loop_stop_thread(ncfsm_loop *loop) {
     return NCFSM_ERR_INVALID_USAGE;
   }
   loop->thread_stop = true;
+  atomic_store_explicit(&loop->threaded, 0, memory_order_relaxed);
   pthread_mutex_unlock(&loop->mu);
   ncfsm_loop_call(loop, noop_cb, NULL); /* wake it */
   pthread_join(loop->thread, NULL);

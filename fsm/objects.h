@@ -402,6 +402,10 @@ struct ncfsm_loop {
   _Atomic int handing;             /* threads inside a hand-off (ncfsm_loop_close waits for none) */
   ncfsm_work *_Atomic spare;
   uint64_t handoffs;               /* submissions taken from the stack (/metrics) */
+  /* A loop on its own thread (ncfsm_loop_start_thread): other threads' submissions try the
+   * hand-off before the lock (threaded); and its thread is awake, that is not waiting in
+   * libevent: it looks at the stack before it waits again, so a push need not wake it. */
+  _Atomic int threaded, awake;
 };
 
 struct ncfsm__state_note {

@@ -513,6 +513,35 @@ static void test_close_waits_for_submitter(void **state) {
   for (int i = 0; i < 3; i++) assert_int_equal(k.rc[i], NCFSM_OK);
 }
 
+/* A loop on its own thread: another thread's submission hands off even when the lock is free
+ * (taking it between two of that thread's turns made the thread sleep on it), and one pushed
+ * while that thread waits in libevent wakes it (the push wakes only a thread that waits: a
+ * push that woke none here never gets its callback). */
+static void test_threaded_loop_hands_off_first(void **state) {
+  (void)state;
+  ncfsm_loop *loop = setup();
+  assert_int_equal(ncfsm_loop_start_thread(loop), NCFSM_OK);
+  for (int i = 0; i < NOPS; i++) {
+    struct timespec ts = {0, 5 * 1000000}; /* by now the loop's thread waits in libevent */
+    nanosleep(&ts, NULL);
+    assert_int_equal(ncfsm_allreduce(comm, bufs[i], bufs[i], 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, on_done,
+                                     (void *)(intptr_t)i, NULL),
+                     NCFSM_OK);
+    /* the callback, without taking the loop's lock (a locked call would take the stack and
+     * wake the loop itself) */
+    for (int ms = 0; ms < 5000 && atomic_load(&ncb) < i + 1; ms++) {
+      struct timespec one = {0, 1000000};
+      nanosleep(&one, NULL);
+    }
+    assert_int_equal(atomic_load(&ncb), i + 1);
+    assert_int_equal(atomic_load(&order[i]), i);
+    assert_int_equal(atomic_load(&statuses[i]), NCFSM_OK);
+  }
+  assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
+  assert_int_equal(loop->handoffs, NOPS); /* every one handed off, none through the lock */
+  teardown_all(loop, &comm, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_handoff_returns_without_the_lock),
@@ -526,6 +555,7 @@ int main(void) {
       cmocka_unit_test(test_comm_fails_under_streams),
       cmocka_unit_test(test_refused_handoff_leaves_takers_group),
       cmocka_unit_test(test_close_waits_for_submitter),
+      cmocka_unit_test(test_threaded_loop_hands_off_first),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
