@@ -255,8 +255,8 @@ static void test_spare_works_reused_and_trimmed(void **state) {
 }
 
 /* Threads streaming to a loop on its own thread, each keeping its handles: every work
- * completes, each thread's works took seqs in the order it submitted them, and some of them
- * were handed off (the loop's thread was in a turn). */
+ * completes, each thread's works took seqs in the order it submitted them (handed off: the
+ * loop runs on its own thread; a wait takes the lock and the stack). */
 #define STREAM_THREADS 3
 #define STREAM_OPS 600
 static float sbufs[STREAM_THREADS][64][4];
