@@ -57,7 +57,7 @@ ncfsm_result_t ncfsm_get_unique_id(ncfsm_backend_kind_t backend, ncfsm_unique_id
 
 /* A new comm in state NEW, not yet on the loop's list. */
 static ncfsm_result_t comm_make(ncfsm_loop *loop, const ncfsm_comm_opts *opts, ncfsm_comm **out) {
-  ncfsm_comm *c = calloc(1, sizeof *c);
+  ncfsm_comm *c = ncfsm__calloc_line(sizeof *c);
   if (!c) return NCFSM_ERR_NO_MEMORY;
   /* Options from the caller checked, or from the environment (core/settings.def). */
   ncfsm_result_t st = opts ? ncfsm__comm_opts_check(opts, "ncfsm_comm_new") : ncfsm_comm_opts_init(&c->opts);

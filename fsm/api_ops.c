@@ -121,6 +121,9 @@ static ncfsm_work *handoff_alloc(ncfsm_loop *loop) {
   if (!w) w = atomic_exchange_explicit(&loop->spare, NULL, memory_order_acquire);
   if (w) {
     tls_works = w->next;
+    /* The next submission's work, last written by the loop's thread on its core: its lines
+     * are on their way while this one is filled (a miss per line otherwise, in a stream) */
+    if (tls_works) ncfsm__prefetch_work(tls_works);
     return w;
   }
   return malloc(sizeof *w);

@@ -200,7 +200,7 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   ncfsm__log_init();
   pthread_once(&evthread_once, evthread_init);
   if (evthread_rc != 0) return NCFSM_ERR_SYSTEM;
-  ncfsm_loop *loop = calloc(1, sizeof *loop);
+  ncfsm_loop *loop = ncfsm__calloc_line(sizeof *loop);
   if (!loop) return NCFSM_ERR_NO_MEMORY;
   /* Options from the caller checked, or from the environment (core/settings.def);
    * the message: ncfsm_opts_error(). */

@@ -17,7 +17,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "core/backend.h"
@@ -35,6 +38,15 @@
 /* Freed works wait in a FIFO this long before their memory is reused, so a
  * stale handle (a second release) is still recognised as dead. */
 #define NCFSM__WORK_QUARANTINE 64
+
+/* Zeroed memory on a cache line boundary (freed with free): for a comm and a loop, whose
+ * first line other threads read while the loop's thread writes the rest. */
+static inline void *ncfsm__calloc_line(size_t size) {
+  size_t n = (size + 63) & ~(size_t)63;
+  void *p = aligned_alloc(64, n);
+  if (p) memset(p, 0, n);
+  return p;
+}
 
 /* The pools (fsm/works.c, fsm/marks.c): freed works and completion marks
  * are kept for reuse while the loop is busy; once no work was allocated for
@@ -129,6 +141,11 @@ struct ncfsm_work {
   ncfsm_work *next;         /* launching list, stream queue, notify list, free list */
 };
 
+/* Every line of w, fetched for writing (a work handed between the threads of a hand-off). */
+static inline void ncfsm__prefetch_work(const ncfsm_work *w) {
+  for (size_t k = 0; k < sizeof *w; k += 64) __builtin_prefetch((const char *)w + k, 1, 3);
+}
+
 typedef struct ncfsm__squeue {
   void *stream;
   ncfsm_work *head, *tail;
@@ -183,20 +200,29 @@ typedef struct ncfsm__recovery_ops {
 } ncfsm__recovery_ops;
 
 struct ncfsm_comm {
+  /* What other threads' submissions read without the lock (fsm/api_ops.c: the hand-off),
+   * written at its creation or when it enters or leaves READY: a line of its own (the comm
+   * is allocated on a line boundary), so that the loop's thread, which writes the comm's
+   * other fields at every op, does not take it from the submitter's core each time. */
   uint32_t magic;
-  unsigned state;   /* ncfsm_state_t: fsm/comm.def */
+  /* READY, published once the step into it (and its action: a split child's size and rank)
+   * is done: what a submission's hand-off reads without the lock (fsm/submit.h) */
+  _Atomic bool ready_pub;
+  int rank, nranks;      /* nranks 0: a split child's, until its INIT_DONE */
   ncfsm_loop *loop;
+  const ncfsm__backend *be;
+  void *stream;       /* the comm's own stream (NULL stream argument) */
+  ncfsm_comm_opts opts;
+  char xt_pad[64];
+  unsigned state;   /* ncfsm_state_t: fsm/comm.def */
   ncfsm_comm *next; /* loop's list */
   int refs;         /* 1 for the user handle (until RELEASED) + 1 per live work + engine holds */
-  ncfsm_comm_opts opts;
   ncfsm_sim_opts sim;
   char name[64];
   char dump_dir[256];
   ncfsm__recorder *rec;  /* flight recorder (NULL: off) */
   uint64_t comm_id;      /* XXH3_64 of the unique id: the same on every rank */
-  const ncfsm__backend *be;
   void *bcomm;
-  int rank, nranks;      /* nranks 0: a split child's, until its INIT_DONE */
   ncfsm_unique_id uid;
   struct ncfsm_boot *boot;          /* ncfsm_comm_init_boot: the unique id comes through it */
   struct ncfsm_boot_req *uid_req;   /* ID_EXCHANGE: the broadcast in flight */
@@ -216,7 +242,6 @@ struct ncfsm_comm {
   int ninflight;             /* works in the stream queues sq (IN_FLIGHT): ncfsm__comm_inflight */
   ncfsm__mark *free_marks;
   int nfree_marks;
-  void *stream;       /* the comm's own stream (NULL stream argument) */
   uint64_t coll_seq;       /* the next collective's seq (taken at launch, R11) */
   uint64_t *p2p_send_seq;  /* per peer: the next SEND to it */
   uint64_t *p2p_recv_seq;  /* per peer: the next RECV from it */
@@ -248,14 +273,19 @@ struct ncfsm_comm {
   bool on_act;
   ncfsm_comm *att_next;    /* the loop's attention stack (pushed from other threads) */
   _Atomic bool att_queued; /* ... c is on it */
-  /* READY, published once the step into it (and its action: a split child's size and rank)
-   * is done: what a submission's hand-off reads without the lock (fsm/submit.h) */
-  _Atomic bool ready_pub;
   uint64_t seqno;                  /* its place in loop->comms: the newer, the larger (the list's order) */
   int qh_pos;                      /* 1 + its place in the launch heap; 0: its launch queue is empty */
   ncfsm_comm *peer_next;           /* the ring of the comms of this loop with its unique id */
   int npeers;                      /* ... their number (itself included) */
 };
+/* Other threads' reads stay on their lines (docs/design.md "Submissions from other threads"). */
+#define NCFSM__XT_BEFORE(type, field, pad) \
+  _Static_assert(offsetof(type, field) < offsetof(type, pad), #field " is read by other threads: keep it before " #pad)
+NCFSM__XT_BEFORE(struct ncfsm_comm, ready_pub, xt_pad);
+NCFSM__XT_BEFORE(struct ncfsm_comm, nranks, xt_pad);
+NCFSM__XT_BEFORE(struct ncfsm_comm, loop, xt_pad);
+NCFSM__XT_BEFORE(struct ncfsm_comm, stream, xt_pad);
+NCFSM__XT_BEFORE(struct ncfsm_comm, opts, xt_pad);
 
 
 /* Counters for introspection (fsm/introspect.c), kept under the loop lock.
@@ -311,14 +341,33 @@ typedef struct ncfsm__loop_hooks {
 
 struct ncfsm_loop {
   uint32_t magic;
+  /* What other threads' submissions read without the lock, written rarely; then the
+   * hand-off's stack, which they and the loop's thread write: each on a line of its own
+   * (the loop is allocated on a line boundary), apart from what a turn writes. */
+  _Atomic int threaded;  /* a loop on its own thread: other threads' submissions hand off first */
+  unsigned group_state;  /* ncfsm__group_state_t (fsm/group.def) */
+  int held_taken;        /* a thread holds a group back from the loop (fsm/held.def, below) */
+  bool own_base;
+  const ncfsm__loop_ops *ops;
+  ncfsm_trace_fn trace;
+  char xt_pad0[64];
+  /* Submissions handed off by threads that found the lock taken or the loop on its own
+   * thread (fsm/submit.h): a lock-free stack, newest first, that the next holder of the
+   * lock takes in order; and works for such threads, from the pool past its quarantine
+   * (taken whole). awake: the loop's own thread is not waiting in libevent: it looks at
+   * the stack before it waits again, so a push need not wake it. */
+  ncfsm_work *_Atomic handoff;
+  _Atomic int nhandoff;            /* on the stack (its bound: NCFSM__HANDOFF_MAX) */
+  _Atomic int handing;             /* threads inside a hand-off (ncfsm_loop_close waits for none) */
+  ncfsm_work *_Atomic spare;
+  _Atomic int awake;
+  char xt_pad1[64];
   uint64_t last_pass_ns;  /* the last libevent pass of ncfsm_loop_run (fsm/loop.c, socket_pass) */
   uint64_t id;           /* unique in the process: the per-thread last error names it */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int cv_waiters;        /* threads in a wait on cv (ncfsm__loop_cv_wait): none, no broadcast */
-  const ncfsm__loop_ops *ops;
   struct event_base *base;
-  bool own_base;
   struct event *ev_wake; /* cross-thread wakeup, launches, notifications */
   struct event *ev_poll; /* progress timer */
   unsigned timer_state;   /* ncfsm__timer_state_t: fsm/timer.def */
@@ -345,18 +394,16 @@ struct ncfsm_loop {
   struct event *ev_signal; /* SIGUSR1: dump (opts.dump_on_signal) */
   bool ctl;              /* control work may be due: a comm entered a CONTROL state */
   _Atomic int async_kick; /* set without the lock (bootstrap callbacks): the next turn looks at ctl */
-  /* group (R3; fsm/group.def) */
-  unsigned group_state;  /* ncfsm__group_state_t */
+  /* group (R3; fsm/group.def; its state: above) */
   int group_depth;
   pthread_t group_owner;
   ncfsm_result_t group_err;
   ncfsm_work *group_head, *group_tail;
   /* a group one thread holds back from the loop (fsm/held.def): held_taken
-   * is set by that thread's ncfsm_group_start (a compare-and-swap, no lock)
+   * (above, with what other threads read) is set by that thread's ncfsm_group_start (a compare-and-swap, no lock)
    * and cleared when the group ends or becomes the loop's; held.state and
    * held.depth are the holder's alone, held.w is read and written under the
    * lock (an abort of its comm fails it there) */
-  int held_taken;
   struct ncfsm__held {
     unsigned state; /* ncfsm__held_state_t */
     int depth;
@@ -366,7 +413,6 @@ struct ncfsm_loop {
   ncfsm_work *notify_head, *notify_tail;
   struct ncfsm__state_note *snote_head, *snote_tail;
   ncfsm__call_req *calls_head, *calls_tail;
-  ncfsm_trace_fn trace;
   void *trace_arg;
   ncfsm_work *free_head, *free_tail; /* FIFO; reused once longer than the quarantine */
   int nfree;
@@ -394,19 +440,16 @@ struct ncfsm_loop {
   uint64_t peers_gen, peers_built; /* peer rings: a comm's id changed (gen), the rings match (built == gen) */
   uint64_t turn_ns;                /* the turn's clock (ncfsm__turn_now); 0: not read yet */
   bool turn_clock;                 /* a turn holds the lock: ncfsm__turn_now may keep what it read */
-  /* Submissions handed off by threads that found the lock taken (fsm/submit.h): a
-   * lock-free stack, newest first, that the next holder of the lock takes in order; and
-   * works for such threads, from the pool past its quarantine (taken whole). */
-  ncfsm_work *_Atomic handoff;
-  _Atomic int nhandoff;            /* on the stack (its bound: NCFSM__HANDOFF_MAX) */
-  _Atomic int handing;             /* threads inside a hand-off (ncfsm_loop_close waits for none) */
-  ncfsm_work *_Atomic spare;
   uint64_t handoffs;               /* submissions taken from the stack (/metrics) */
-  /* A loop on its own thread (ncfsm_loop_start_thread): other threads' submissions try the
-   * hand-off before the lock (threaded); and its thread is awake, that is not waiting in
-   * libevent: it looks at the stack before it waits again, so a push need not wake it. */
-  _Atomic int threaded, awake;
 };
+NCFSM__XT_BEFORE(struct ncfsm_loop, threaded, xt_pad0);
+NCFSM__XT_BEFORE(struct ncfsm_loop, group_state, xt_pad0);
+NCFSM__XT_BEFORE(struct ncfsm_loop, held_taken, xt_pad0);
+NCFSM__XT_BEFORE(struct ncfsm_loop, trace, xt_pad0);
+NCFSM__XT_BEFORE(struct ncfsm_loop, handoff, xt_pad1);
+NCFSM__XT_BEFORE(struct ncfsm_loop, awake, xt_pad1);
+_Static_assert(offsetof(struct ncfsm_loop, handoff) > offsetof(struct ncfsm_loop, xt_pad0),
+               "the hand-off's stack is on the line after what other threads only read");
 
 struct ncfsm__state_note {
   ncfsm_comm *comm;

@@ -37,6 +37,7 @@ void ncfsm__handoff_take(ncfsm_loop *loop) {
   ncfsm_work *w = atomic_exchange_explicit(&loop->handoff, NULL, memory_order_acquire), *fifo = NULL;
   int n = 0;
   for (ncfsm_work *next; w; w = next, n++) { /* newest first: reversed, oldest first */
+    ncfsm__prefetch_work(w); /* written by its submitter on another core: its lines come meanwhile */
     next = w->next;
     w->next = fifo;
     fifo = w;

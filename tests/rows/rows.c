@@ -223,3 +223,22 @@ void *__wrap_calloc(size_t nmemb, size_t size) {
   }
   return __real_calloc(nmemb, size);
 }
+
+/* A comm or a loop comes zeroed on a line boundary (ncfsm__calloc_line, fsm/objects.h):
+ * rows_fail_calloc(1, sizeof(ncfsm_comm), n) fails that allocation too (its size, rounded up). */
+void *__real_aligned_alloc(size_t align, size_t size);
+void *__wrap_aligned_alloc(size_t align, size_t size);
+void *__wrap_aligned_alloc(size_t align, size_t size) {
+  size_t want = atomic_load(&fail_size);
+  if (atomic_load_explicit(&fail_left, memory_order_relaxed) && atomic_load(&fail_nmemb) == 1 && want && align &&
+      (want + align - 1) / align * align == size) {
+    unsigned left = atomic_load(&fail_left);
+    while (left && !atomic_compare_exchange_weak(&fail_left, &left, left - 1)) {
+    }
+    if (left) {
+      atomic_fetch_add(&fail_done, 1);
+      return NULL;
+    }
+  }
+  return __real_aligned_alloc(align, size);
+}

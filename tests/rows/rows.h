@@ -16,7 +16,7 @@
  * Also here: fork() with the child's row counts added to the parent's (a
  * scenario that ends its process: the exit policy, a forked child's use of
  * its parent's comms), and calloc failures on demand (the engine's
- * out-of-memory rows; tests link with -Wl,--wrap=calloc).
+ * out-of-memory rows; tests link with -Wl,--wrap=calloc and --wrap=aligned_alloc).
  */
 #ifndef NCFSM_TESTS_ROWS_H
 #define NCFSM_TESTS_ROWS_H
@@ -78,7 +78,9 @@ int rows_wait_child(pid_t pid);
 
 /* calloc failures: the next `count` calloc(nmemb, size) calls with these
  * arguments, from code linked into the test (the engine and the sim), return
- * NULL; rows_calloc_failed says how many did since the last arming. */
+ * NULL (with nmemb 1, so do aligned_alloc calls of size rounded up: a comm and
+ * a loop come from ncfsm__calloc_line); rows_calloc_failed says how many did
+ * since the last arming. */
 void rows_fail_calloc(size_t nmemb, size_t size, unsigned count);
 unsigned rows_calloc_failed(void);
 
