@@ -210,17 +210,19 @@ void rows_fail_calloc(size_t nmemb, size_t size, unsigned count) {
 
 unsigned rows_calloc_failed(void) { return atomic_load(&fail_done); }
 
+/* An armed failure matched: true while one is left (and it counts as done). */
+static bool take_failure(void) {
+  unsigned left = atomic_load(&fail_left);
+  while (left && !atomic_compare_exchange_weak(&fail_left, &left, left - 1)) {
+  }
+  if (left) atomic_fetch_add(&fail_done, 1);
+  return left != 0;
+}
+
 void *__wrap_calloc(size_t nmemb, size_t size) {
   if (atomic_load_explicit(&fail_left, memory_order_relaxed) && nmemb == atomic_load(&fail_nmemb) &&
-      size == atomic_load(&fail_size)) {
-    unsigned left = atomic_load(&fail_left);
-    while (left && !atomic_compare_exchange_weak(&fail_left, &left, left - 1)) {
-    }
-    if (left) {
-      atomic_fetch_add(&fail_done, 1);
-      return NULL;
-    }
-  }
+      size == atomic_load(&fail_size) && take_failure())
+    return NULL;
   return __real_calloc(nmemb, size);
 }
 
@@ -231,14 +233,7 @@ void *__wrap_aligned_alloc(size_t align, size_t size);
 void *__wrap_aligned_alloc(size_t align, size_t size) {
   size_t want = atomic_load(&fail_size);
   if (atomic_load_explicit(&fail_left, memory_order_relaxed) && atomic_load(&fail_nmemb) == 1 && want && align &&
-      (want + align - 1) / align * align == size) {
-    unsigned left = atomic_load(&fail_left);
-    while (left && !atomic_compare_exchange_weak(&fail_left, &left, left - 1)) {
-    }
-    if (left) {
-      atomic_fetch_add(&fail_done, 1);
-      return NULL;
-    }
-  }
+      (want + align - 1) / align * align == size && take_failure())
+    return NULL;
   return __real_aligned_alloc(align, size);
 }
