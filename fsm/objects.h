@@ -39,8 +39,9 @@
  * stale handle (a second release) is still recognised as dead. */
 #define NCFSM__WORK_QUARANTINE 64
 
-/* Zeroed memory on a cache line boundary (freed with free): for a comm and a loop, whose
- * first line other threads read while the loop's thread writes the rest. */
+/* Zeroed memory on a cache line boundary (freed with free): a comm and a loop, whose first
+ * lines other threads read while the loop's thread writes the rest (both types are
+ * aligned to 64: nothing else may allocate them). */
 static inline void *ncfsm__calloc_line(size_t size) {
   size_t n = (size + 63) & ~(size_t)63;
   void *p = aligned_alloc(64, n);
@@ -141,9 +142,11 @@ struct ncfsm_work {
   ncfsm_work *next;         /* launching list, stream queue, notify list, free list */
 };
 
-/* Every line of w, fetched for writing (a work handed between the threads of a hand-off). */
+/* Every line of w, fetched for writing (a work handed between the threads of a hand-off;
+ * from malloc it need not start on a line). */
 static inline void ncfsm__prefetch_work(const ncfsm_work *w) {
-  for (size_t k = 0; k < sizeof *w; k += 64) __builtin_prefetch((const char *)w + k, 1, 3);
+  const char *end = (const char *)(w + 1);
+  for (const char *p = (const char *)((uintptr_t)w & ~(uintptr_t)63); p < end; p += 64) __builtin_prefetch(p, 1, 3);
 }
 
 typedef struct ncfsm__squeue {
@@ -201,9 +204,10 @@ typedef struct ncfsm__recovery_ops {
 
 struct ncfsm_comm {
   /* What other threads' submissions read without the lock (fsm/api_ops.c: the hand-off),
-   * written at its creation or when it enters or leaves READY: a line of its own (the comm
-   * is allocated on a line boundary), so that the loop's thread, which writes the comm's
-   * other fields at every op, does not take it from the submitter's core each time. */
+   * written at its creation or when it enters or leaves READY: lines of their own (the comm
+   * is allocated on a line boundary: ncfsm__calloc_line), so that the loop's thread, which
+   * writes the comm's other fields at every op, does not take them from the submitter's
+   * core each time. */
   uint32_t magic;
   /* READY, published once the step into it (and its action: a split child's size and rank)
    * is done: what a submission's hand-off reads without the lock (fsm/submit.h) */
@@ -213,8 +217,7 @@ struct ncfsm_comm {
   const ncfsm__backend *be;
   void *stream;       /* the comm's own stream (NULL stream argument) */
   ncfsm_comm_opts opts;
-  char xt_pad[64];
-  unsigned state;   /* ncfsm_state_t: fsm/comm.def */
+  _Alignas(64) unsigned state; /* ncfsm_state_t: fsm/comm.def; the loop's from here on */
   ncfsm_comm *next; /* loop's list */
   int refs;         /* 1 for the user handle (until RELEASED) + 1 per live work + engine holds */
   ncfsm_sim_opts sim;
@@ -279,13 +282,13 @@ struct ncfsm_comm {
   int npeers;                      /* ... their number (itself included) */
 };
 /* Other threads' reads stay on their lines (docs/design.md "Submissions from other threads"). */
-#define NCFSM__XT_BEFORE(type, field, pad) \
-  _Static_assert(offsetof(type, field) < offsetof(type, pad), #field " is read by other threads: keep it before " #pad)
-NCFSM__XT_BEFORE(struct ncfsm_comm, ready_pub, xt_pad);
-NCFSM__XT_BEFORE(struct ncfsm_comm, nranks, xt_pad);
-NCFSM__XT_BEFORE(struct ncfsm_comm, loop, xt_pad);
-NCFSM__XT_BEFORE(struct ncfsm_comm, stream, xt_pad);
-NCFSM__XT_BEFORE(struct ncfsm_comm, opts, xt_pad);
+#define NCFSM__XT_BEFORE(type, field, first) \
+  _Static_assert(offsetof(type, field) < offsetof(type, first), #field " is read by other threads: keep it before " #first)
+NCFSM__XT_BEFORE(struct ncfsm_comm, ready_pub, state);
+NCFSM__XT_BEFORE(struct ncfsm_comm, nranks, state);
+NCFSM__XT_BEFORE(struct ncfsm_comm, loop, state);
+NCFSM__XT_BEFORE(struct ncfsm_comm, stream, state);
+NCFSM__XT_BEFORE(struct ncfsm_comm, opts, state);
 
 
 /* Counters for introspection (fsm/introspect.c), kept under the loop lock.
@@ -341,28 +344,27 @@ typedef struct ncfsm__loop_hooks {
 
 struct ncfsm_loop {
   uint32_t magic;
-  /* What other threads' submissions read without the lock, written rarely; then the
-   * hand-off's stack, which they and the loop's thread write: each on a line of its own
-   * (the loop is allocated on a line boundary), apart from what a turn writes. */
+  /* What other threads' submissions read without the lock, which no turn writes (a
+   * group's start and end do, a trace's setting); then the hand-off's stack, which they
+   * and the loop's thread write: each on a line of its own (the loop is allocated on a
+   * line boundary: ncfsm__calloc_line), apart from what a turn writes. */
   _Atomic int threaded;  /* a loop on its own thread: other threads' submissions hand off first */
   unsigned group_state;  /* ncfsm__group_state_t (fsm/group.def) */
   int held_taken;        /* a thread holds a group back from the loop (fsm/held.def, below) */
   bool own_base;
   const ncfsm__loop_ops *ops;
   ncfsm_trace_fn trace;
-  char xt_pad0[64];
   /* Submissions handed off by threads that found the lock taken or the loop on its own
    * thread (fsm/submit.h): a lock-free stack, newest first, that the next holder of the
    * lock takes in order; and works for such threads, from the pool past its quarantine
    * (taken whole). awake: the loop's own thread is not waiting in libevent: it looks at
    * the stack before it waits again, so a push need not wake it. */
-  ncfsm_work *_Atomic handoff;
+  _Alignas(64) ncfsm_work *_Atomic handoff;
   _Atomic int nhandoff;            /* on the stack (its bound: NCFSM__HANDOFF_MAX) */
   _Atomic int handing;             /* threads inside a hand-off (ncfsm_loop_close waits for none) */
   ncfsm_work *_Atomic spare;
   _Atomic int awake;
-  char xt_pad1[64];
-  uint64_t last_pass_ns;  /* the last libevent pass of ncfsm_loop_run (fsm/loop.c, socket_pass) */
+  _Alignas(64) uint64_t last_pass_ns; /* the loop's from here on */  /* the last libevent pass of ncfsm_loop_run (fsm/loop.c, socket_pass) */
   uint64_t id;           /* unique in the process: the per-thread last error names it */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -442,14 +444,12 @@ struct ncfsm_loop {
   bool turn_clock;                 /* a turn holds the lock: ncfsm__turn_now may keep what it read */
   uint64_t handoffs;               /* submissions taken from the stack (/metrics) */
 };
-NCFSM__XT_BEFORE(struct ncfsm_loop, threaded, xt_pad0);
-NCFSM__XT_BEFORE(struct ncfsm_loop, group_state, xt_pad0);
-NCFSM__XT_BEFORE(struct ncfsm_loop, held_taken, xt_pad0);
-NCFSM__XT_BEFORE(struct ncfsm_loop, trace, xt_pad0);
-NCFSM__XT_BEFORE(struct ncfsm_loop, handoff, xt_pad1);
-NCFSM__XT_BEFORE(struct ncfsm_loop, awake, xt_pad1);
-_Static_assert(offsetof(struct ncfsm_loop, handoff) > offsetof(struct ncfsm_loop, xt_pad0),
-               "the hand-off's stack is on the line after what other threads only read");
+NCFSM__XT_BEFORE(struct ncfsm_loop, threaded, handoff);
+NCFSM__XT_BEFORE(struct ncfsm_loop, group_state, handoff);
+NCFSM__XT_BEFORE(struct ncfsm_loop, held_taken, handoff);
+NCFSM__XT_BEFORE(struct ncfsm_loop, trace, handoff);
+_Static_assert(offsetof(struct ncfsm_loop, awake) + sizeof(int) <= offsetof(struct ncfsm_loop, handoff) + 64,
+               "the hand-off's stack, its spare stack and awake share one line");
 
 struct ncfsm__state_note {
   ncfsm_comm *comm;
