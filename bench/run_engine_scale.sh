@@ -64,7 +64,7 @@ for m in "${MEM[@]}"; do
 done
 for f in "${WALLFILES[@]}"; do WALLS+=(--wall "$f"); done
 python3 "$HERE/engine_scale_table.py" --cg "$TMP/cg.csv" "${WALLS[@]}" --list "$TMP/list.tsv" \
-  --csv "$OUT/$NAME.csv" --comms-csv "$OUT/$NAME-comms.csv" >"$TMP/tables.md"
+  --csv "$OUT/$NAME.csv" --comms-csv "$OUT/$NAME-comms.csv" --cpus "$(nproc)" >"$TMP/tables.md"
 
 PLOT="$OUT/$NAME-comms.png"
 # the first Python with matplotlib: the one on PATH, else the system's (Debian's python3-matplotlib
