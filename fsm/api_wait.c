@@ -15,8 +15,14 @@ const char *ncfsm__copy_msg(const ncfsm_comm *c, const char *src) {
   return tls_msg;
 }
 
+/* A flush (or another broadcast) since the spinner read gen. */
+static bool flushed(ncfsm_loop *loop, unsigned gen) {
+  return atomic_load_explicit(&loop->cv_gen, memory_order_acquire) != gen;
+}
+
 ncfsm_result_t ncfsm__wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *arg, uint64_t timeout_ms) {
-  uint64_t deadline = ncfsm__deadline(ncfsm__now_ns(), timeout_ms);
+  uint64_t now = ncfsm__now_ns(), deadline = ncfsm__deadline(now, timeout_ms);
+  uint64_t spin_end = 0; /* set at the first spin: one budget of spin_us per wait */
   NCFSM__LOCK(loop);
   if (ncfsm__loop_in_turn(loop) && !pred(arg)) {
     NCFSM__UNLOCK(loop);
@@ -43,6 +49,18 @@ ncfsm_result_t ncfsm__wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *a
        * stack queued: ncfsm__on_loop) */
       if (rr != NCFSM_OK && rr != NCFSM_ERR_WRONG_THREAD) return rr;
       NCFSM__LOCK(loop);
+    } else if (loop->opts.spin_us && (!spin_end || ncfsm__now_ns() < spin_end)) {
+      /* Spin before sleeping on cv: until the loop's next broadcast, the
+       * wait's deadline or the spin's bound, then look again under the lock. */
+      uint64_t end = spin_end ? spin_end : (spin_end = ncfsm__now_ns() + (uint64_t)loop->opts.spin_us * 1000);
+      if (deadline && deadline < end) end = deadline;
+      unsigned gen = atomic_load_explicit(&loop->cv_gen, memory_order_acquire);
+      loop->cv_spinners++;
+      NCFSM__UNLOCK(loop);
+      bool woken = ncfsm__spin(loop, flushed, gen, end);
+      NCFSM__LOCK(loop);
+      loop->cv_spinners--;
+      loop->spins[NCFSM__SPIN_WAITER][woken ? NCFSM__SPIN_WOKEN : NCFSM__SPIN_BOUND]++;
     } else {
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);

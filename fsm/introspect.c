@@ -52,6 +52,7 @@ typedef struct snap {
   ncfsm__pool_stats pool;
   int works_free; /* works on the loop's free list */
   uint64_t handoffs; /* submissions handed off while the lock was taken (fsm/submit.h) */
+  uint64_t spins[2][2]; /* loop->spins */
   ncfsm__coalesce co; /* the coalescing cap and its fit */
   snap_comm *comms;
   ncfsm__rec_entry *tails; /* storage of every comm's tail */
@@ -154,6 +155,7 @@ static ncfsm_result_t snap_take(ncfsm_loop *loop, unsigned tail_max, snap *s) {
   s->pool = loop->pool;
   s->works_free = loop->nfree;
   s->handoffs = loop->handoffs;
+  memcpy(s->spins, loop->spins, sizeof s->spins);
   s->co = loop->co;
   int n = 0;
   for (const ncfsm_comm *c = loop->comms; c; c = c->next) n++;
@@ -546,6 +548,13 @@ static void metrics_loop(tbuf *b, const snap *s) {
   tb_family(b, "ncfsm_submit_handoffs_total", "counter",
             "Submissions made while another thread held the loop's lock, handed off without waiting for it.");
   tb_printf(b, "ncfsm_submit_handoffs_total %" PRIu64 "\n", s->handoffs);
+  tb_family(b, "ncfsm_spins_total", "counter",
+            "Spins before sleeping (spin_us): of threads waiting for the loop and of the loop's own thread with "
+            "nothing pending; end: woken (what it waited for came) or bound (spin_us passed, it slept).");
+  static const char *const who[2] = {"waiter", "loop"}, *const end[2] = {"woken", "bound"};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++)
+      tb_printf(b, "ncfsm_spins_total{thread=\"%s\",end=\"%s\"} %" PRIu64 "\n", who[i], end[j], s->spins[i][j]);
   metrics_coalesce(b, &s->co);
 }
 

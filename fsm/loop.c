@@ -190,7 +190,12 @@ static void on_poll(evutil_socket_t fd, short what, void *arg) {
   turn(loop, true);
 }
 
-static void wake_event(ncfsm_loop *loop) { event_active(loop->ev_wake, EV_READ, 0); }
+/* wake_pending first: the loop's own thread, spinning before it waits,
+ * sees the wake without libevent (fsm/loop.c, loop_thread_main). */
+static void wake_event(ncfsm_loop *loop) {
+  atomic_store(&loop->wake_pending, 1);
+  event_active(loop->ev_wake, EV_READ, 0);
+}
 static const ncfsm__loop_ops loop_ops = {wake_event};
 
 static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm_loop_opts *opts,
@@ -232,6 +237,12 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   pthread_mutexattr_init(&a);
 #ifndef NDEBUG
   pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK);
+#elif defined(__GLIBC__) && defined(_GNU_SOURCE)
+  /* Taken for a short while by the loop's thread and by waiters and
+   * submitters at every op: a thread that finds it taken spins a little
+   * before it sleeps in the kernel (docs/design.md "Waiting threads spin
+   * first"). */
+  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
 #endif
   pthread_mutex_init(&loop->mu, &a);
   pthread_mutexattr_destroy(&a);
@@ -347,19 +358,58 @@ ncfsm_result_t ncfsm_loop_run(ncfsm_loop *loop, ncfsm_run_mode_t mode) {
   return rr;
 }
 
+bool ncfsm__spin(ncfsm_loop *loop, bool (*done)(ncfsm_loop *, unsigned), unsigned arg, uint64_t end_ns) {
+  for (unsigned i = 1;; i++) {
+    if (done(loop, arg)) return true;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+    if (!(i & 63) && ncfsm__now_ns() >= end_ns) return false;
+  }
+}
+
+/* What the loop's own thread waits for in libevent that reaches it
+ * without the lock: a hand-off, a wake, a bootstrap callback's kick, an
+ * attention request. */
+static bool thread_called(ncfsm_loop *loop, unsigned arg) {
+  (void)arg;
+  return atomic_load_explicit(&loop->handoff, memory_order_relaxed) || atomic_load(&loop->wake_pending) ||
+         atomic_load(&loop->async_kick) || atomic_load_explicit(&loop->att_head, memory_order_relaxed);
+}
+
 static void *loop_thread_main(void *arg) {
   ncfsm_loop *loop = arg;
   atomic_store(&loop->awake, 1);
+  bool may_spin = true; /* once after each turn or wait: a spin that was woken or ran out is not repeated */
+  bool woken = false;   /* the last spin was: counted under the next lock */
   for (;;) {
+    atomic_store(&loop->wake_pending, 0); /* before what it reads: a wake after this ends the spin */
     pthread_mutex_lock(&loop->mu);
+    if (woken) loop->spins[NCFSM__SPIN_LOOP][NCFSM__SPIN_WOKEN]++;
+    woken = false;
     bool stop = loop->thread_stop;
     bool direct = direct_work(loop);
     bool yield = ncfsm__timer_now(loop) && !loop->kick;
+    /* Only with nothing pending: a poll schedule or a push wait is the
+     * timer's, and a spin would delay it. */
+    uint64_t spin_ns = may_spin && !stop && !direct && loop->opts.spin_us && !ncfsm__loop_pending(loop)
+                           ? (uint64_t)loop->opts.spin_us * 1000
+                           : 0;
     pthread_mutex_unlock(&loop->mu);
     if (stop) break;
     if (direct) {
       direct_turn(loop, yield);
+      may_spin = true;
       continue;
+    }
+    if (spin_ns) {
+      may_spin = false;
+      if ((woken = ncfsm__spin(loop, thread_called, 0, ncfsm__now_ns() + spin_ns))) continue;
+      pthread_mutex_lock(&loop->mu);
+      loop->spins[NCFSM__SPIN_LOOP][NCFSM__SPIN_BOUND]++;
+      pthread_mutex_unlock(&loop->mu);
     }
     /* About to wait: a hand-off pushed from here on wakes the thread; one
      * pushed before that saw it awake is on the stack now (both sequentially
@@ -367,6 +417,7 @@ static void *loop_thread_main(void *arg) {
     atomic_store(&loop->awake, 0);
     if (!atomic_load(&loop->handoff)) event_base_loop(loop->base, EVLOOP_ONCE | EVLOOP_NO_EXIT_ON_EMPTY);
     atomic_store(&loop->awake, 1);
+    may_spin = true;
   }
   atomic_store(&loop->awake, 0);
   return NULL;
@@ -431,7 +482,7 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) 
   else loop->calls_head = r;
   loop->calls_tail = r;
   /* Always through libevent: the caller may be waiting for another thread. */
-  event_active(loop->ev_wake, EV_READ, 0);
+  wake_event(loop);
   pthread_mutex_unlock(&loop->mu);
   return NCFSM_OK;
 }

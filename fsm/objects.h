@@ -358,17 +358,22 @@ struct ncfsm_loop {
    * thread (fsm/submit.h): a lock-free stack, newest first, that the next holder of the
    * lock takes in order; and works for such threads, from the pool past its quarantine
    * (taken whole). awake: the loop's own thread is not waiting in libevent: it looks at
-   * the stack before it waits again, so a push need not wake it. */
+   * the stack before it waits again, so a push need not wake it. cv_gen, wake_pending:
+   * what spinning threads watch (fsm/api_wait.c, fsm/loop.c: "Waiting threads spin first"):
+   * the flushes while a waiter spins, and a wake for the loop's own thread while it spins. */
   _Alignas(64) ncfsm_work *_Atomic handoff;
   _Atomic int nhandoff;            /* on the stack (its bound: NCFSM__HANDOFF_MAX) */
   _Atomic int handing;             /* threads inside a hand-off (ncfsm_loop_close waits for none) */
   ncfsm_work *_Atomic spare;
   _Atomic int awake;
+  _Atomic unsigned cv_gen;   /* + 1 at each broadcast while cv_spinners > 0 */
+  _Atomic int wake_pending;  /* set by every wake (loop_ops.wake), cleared by the loop's thread before it spins */
   _Alignas(64) uint64_t last_pass_ns; /* the loop's from here on */  /* the last libevent pass of ncfsm_loop_run (fsm/loop.c, socket_pass) */
   uint64_t id;           /* unique in the process: the per-thread last error names it */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int cv_waiters;        /* threads in a wait on cv (ncfsm__loop_cv_wait): none, no broadcast */
+  int cv_spinners;       /* threads spinning on cv_gen instead (fsm/api_wait.c): none, no increment */
   struct event_base *base;
   struct event *ev_wake; /* cross-thread wakeup, launches, notifications */
   struct event *ev_poll; /* progress timer */
@@ -443,13 +448,15 @@ struct ncfsm_loop {
   uint64_t turn_ns;                /* the turn's clock (ncfsm__turn_now); 0: not read yet */
   bool turn_clock;                 /* a turn holds the lock: ncfsm__turn_now may keep what it read */
   uint64_t handoffs;               /* submissions taken from the stack (/metrics) */
+  uint64_t spins[2][2];            /* [NCFSM__SPIN_WAITER, _LOOP][NCFSM__SPIN_WOKEN, _BOUND] (/metrics) */
 };
+enum { NCFSM__SPIN_WAITER = 0, NCFSM__SPIN_LOOP = 1, NCFSM__SPIN_WOKEN = 0, NCFSM__SPIN_BOUND = 1 };
 NCFSM__XT_BEFORE(struct ncfsm_loop, threaded, handoff);
 NCFSM__XT_BEFORE(struct ncfsm_loop, group_state, handoff);
 NCFSM__XT_BEFORE(struct ncfsm_loop, held_taken, handoff);
 NCFSM__XT_BEFORE(struct ncfsm_loop, trace, handoff);
-_Static_assert(offsetof(struct ncfsm_loop, awake) + sizeof(int) <= offsetof(struct ncfsm_loop, handoff) + 64,
-               "the hand-off's stack, its spare stack and awake share one line");
+_Static_assert(offsetof(struct ncfsm_loop, wake_pending) + sizeof(int) <= offsetof(struct ncfsm_loop, handoff) + 64,
+               "the hand-off's stack, its spare stack, awake and what spinning threads watch share one line");
 
 struct ncfsm__state_note {
   ncfsm_comm *comm;
@@ -508,6 +515,7 @@ static inline int ncfsm__loop_cv_wait(ncfsm_loop *loop, const struct timespec *u
 }
 static inline void ncfsm__loop_cv_broadcast(ncfsm_loop *loop) {
   if (loop->cv_waiters) pthread_cond_broadcast(&loop->cv);
+  if (loop->cv_spinners) atomic_fetch_add_explicit(&loop->cv_gen, 1, memory_order_release);
 }
 
 /* The table's state flags, read inline on the hot paths. */

@@ -133,6 +133,11 @@ typedef struct ncfsm_loop_opts {
   unsigned push_fallback_us;       /* with push: that interval (default 10000; NCFSM_PUSH_FALLBACK_US) */
   unsigned push_after_us;          /* auto: push after this long without progress (default 2000;
                                       NCFSM_PUSH_AFTER_US) */
+  unsigned spin_us;                /* a thread about to sleep until the loop makes progress (ncfsm_work_wait
+                                      and the other blocking waits, on a loop another thread runs) and the
+                                      loop's own thread about to wait in libevent with nothing pending spin
+                                      this long first (default 20; 0: off; NCFSM_SPIN_US; docs/design.md
+                                      "Waiting threads spin first") */
 } ncfsm_loop_opts;
 enum { NCFSM_COMPLETION_POLL = 0, NCFSM_COMPLETION_PUSH = 1, NCFSM_COMPLETION_AUTO = 2 };
 
