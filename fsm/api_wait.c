@@ -49,10 +49,13 @@ ncfsm_result_t ncfsm__wait_until(ncfsm_loop *loop, bool (*pred)(void *), void *a
        * stack queued: ncfsm__on_loop) */
       if (rr != NCFSM_OK && rr != NCFSM_ERR_WRONG_THREAD) return rr;
       NCFSM__LOCK(loop);
-    } else if (loop->opts.spin_us && (!spin_end || ncfsm__now_ns() < spin_end)) {
+    } else if (ncfsm__spin_on(loop) && (!spin_end || (now = ncfsm__now_ns()) < spin_end)) {
       /* Spin before sleeping on cv: until the loop's next broadcast, the
-       * wait's deadline or the spin's bound, then look again under the lock. */
-      uint64_t end = spin_end ? spin_end : (spin_end = ncfsm__now_ns() + (uint64_t)loop->opts.spin_us * 1000);
+       * wait's deadline or the spin's bound, then look again under the lock;
+       * at most 1 ms at a time, as the timed wait below (what no broadcast
+       * tells, such as the loop's thread stopping, is seen as soon). */
+      if (!spin_end) spin_end = (now = ncfsm__now_ns()) + (uint64_t)loop->opts.spin_us * 1000;
+      uint64_t end = spin_end < now + 1000000 ? spin_end : now + 1000000;
       if (deadline && deadline < end) end = deadline;
       unsigned gen = atomic_load_explicit(&loop->cv_gen, memory_order_acquire);
       loop->cv_spinners++;

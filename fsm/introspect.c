@@ -550,7 +550,8 @@ static void metrics_loop(tbuf *b, const snap *s) {
   tb_printf(b, "ncfsm_submit_handoffs_total %" PRIu64 "\n", s->handoffs);
   tb_family(b, "ncfsm_spins_total", "counter",
             "Spins before sleeping (spin_us): of threads waiting for the loop and of the loop's own thread with "
-            "nothing pending; end: woken (what it waited for came) or bound (spin_us passed, it slept).");
+            "nothing pending; end: woken (a waiter: the loop broadcast, it looked again; the loop's thread: a "
+            "hand-off or a wake came) or bound (its time passed: it looked again, or slept).");
   static const char *const who[2] = {"waiter", "loop"}, *const end[2] = {"woken", "bound"};
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 2; j++)

@@ -17,8 +17,8 @@ void ncfsm__loop_flush_notes(ncfsm_loop *loop);
 /* Anything at all to do: queued launches, callbacks, polls. */
 bool ncfsm__loop_pending(ncfsm_loop *loop);
 /* Without the lock: checks done(loop, arg), a pause between checks, until it
- * holds (true) or the clock passes end_ns (false). docs/design.md "Waiting
- * threads spin first". */
+ * holds (true) or the clock passes end_ns (then: done, checked once more).
+ * docs/design.md "Waiting threads spin first". */
 bool ncfsm__spin(ncfsm_loop *loop, bool (*done)(ncfsm_loop *, unsigned), unsigned arg, uint64_t end_ns);
 
 /* ---- timer.c ---- */

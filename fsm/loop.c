@@ -3,6 +3,9 @@
  * the delivery of callbacks on the loop thread. With fsm/timer.c and
  * fsm/push.c the only code that calls libevent (fsm/recover.c arms no
  * timers of its own). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT, PTHREAD_MUTEX_ADAPTIVE_NP */
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -215,6 +218,11 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
     return st;
   }
   if (opts) loop->opts = *opts;
+  /* Spinning needs a second CPU: on one, a spinning thread holds the CPU
+   * that the thread it waits for needs (docs/design.md "Waiting threads
+   * spin first"). */
+  cpu_set_t cpus;
+  loop->spin_cpus = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 2;
   if (own) {
     /* Precise timers (timerfd): the poll back-off is in microseconds, and
      * epoll_wait's millisecond rounding would turn a 1 us poll into ~4 ms
@@ -237,7 +245,7 @@ static ncfsm_result_t loop_create(struct event_base *base, bool own, const ncfsm
   pthread_mutexattr_init(&a);
 #ifndef NDEBUG
   pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK);
-#elif defined(__GLIBC__) && defined(_GNU_SOURCE)
+#elif defined(__GLIBC__)
   /* Taken for a short while by the loop's thread and by waiters and
    * submitters at every op: a thread that finds it taken spins a little
    * before it sleeps in the kernel (docs/design.md "Waiting threads spin
@@ -366,7 +374,7 @@ bool ncfsm__spin(ncfsm_loop *loop, bool (*done)(ncfsm_loop *, unsigned), unsigne
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-    if (!(i & 63) && ncfsm__now_ns() >= end_ns) return false;
+    if (!(i & 63) && ncfsm__now_ns() >= end_ns) return done(loop, arg); /* what came as the time ran out counts */
   }
 }
 
@@ -385,7 +393,9 @@ static void *loop_thread_main(void *arg) {
   bool may_spin = true; /* once after each turn or wait: a spin that was woken or ran out is not repeated */
   bool woken = false;   /* the last spin was: counted under the next lock */
   for (;;) {
-    atomic_store(&loop->wake_pending, 0); /* before what it reads: a wake after this ends the spin */
+    /* before what it reads: a wake after this ends the spin (stored only when
+     * set: the line is the hand-off's, which submitters write) */
+    if (atomic_load_explicit(&loop->wake_pending, memory_order_relaxed)) atomic_store(&loop->wake_pending, 0);
     pthread_mutex_lock(&loop->mu);
     if (woken) loop->spins[NCFSM__SPIN_LOOP][NCFSM__SPIN_WOKEN]++;
     woken = false;
@@ -394,7 +404,7 @@ static void *loop_thread_main(void *arg) {
     bool yield = ncfsm__timer_now(loop) && !loop->kick;
     /* Only with nothing pending: a poll schedule or a push wait is the
      * timer's, and a spin would delay it. */
-    uint64_t spin_ns = may_spin && !stop && !direct && loop->opts.spin_us && !ncfsm__loop_pending(loop)
+    uint64_t spin_ns = may_spin && !stop && !direct && ncfsm__spin_on(loop) && !ncfsm__loop_pending(loop)
                            ? (uint64_t)loop->opts.spin_us * 1000
                            : 0;
     pthread_mutex_unlock(&loop->mu);
@@ -481,7 +491,8 @@ ncfsm_result_t ncfsm_loop_call(ncfsm_loop *loop, void (*fn)(void *), void *arg) 
   if (loop->calls_tail) loop->calls_tail->next = r;
   else loop->calls_head = r;
   loop->calls_tail = r;
-  /* Always through libevent: the caller may be waiting for another thread. */
+  /* Always a wake (through libevent, or seen by the loop's thread as it
+   * spins): the caller may be waiting for another thread. */
   wake_event(loop);
   pthread_mutex_unlock(&loop->mu);
   return NCFSM_OK;

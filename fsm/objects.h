@@ -358,22 +358,25 @@ struct ncfsm_loop {
    * thread (fsm/submit.h): a lock-free stack, newest first, that the next holder of the
    * lock takes in order; and works for such threads, from the pool past its quarantine
    * (taken whole). awake: the loop's own thread is not waiting in libevent: it looks at
-   * the stack before it waits again, so a push need not wake it. cv_gen, wake_pending:
-   * what spinning threads watch (fsm/api_wait.c, fsm/loop.c: "Waiting threads spin first"):
-   * the flushes while a waiter spins, and a wake for the loop's own thread while it spins. */
+   * the stack before it waits again, so a push need not wake it. wake_pending, cv_gen:
+   * what spinning threads watch besides the stack (fsm/loop.c, fsm/api_wait.c; docs/design.md
+   * "Waiting threads spin first"): a wake for the loop's own thread while it spins, and the
+   * broadcasts while a waiter spins. */
   _Alignas(64) ncfsm_work *_Atomic handoff;
   _Atomic int nhandoff;            /* on the stack (its bound: NCFSM__HANDOFF_MAX) */
   _Atomic int handing;             /* threads inside a hand-off (ncfsm_loop_close waits for none) */
   ncfsm_work *_Atomic spare;
   _Atomic int awake;
-  _Atomic unsigned cv_gen;   /* + 1 at each broadcast while cv_spinners > 0 */
   _Atomic int wake_pending;  /* set by every wake (loop_ops.wake), cleared by the loop's thread before it spins */
+  _Alignas(64) _Atomic unsigned cv_gen; /* + 1 at each broadcast while cv_spinners > 0; a line of its own:
+                                           waiters spin on it, submitters write the hand-off's line */
   _Alignas(64) uint64_t last_pass_ns; /* the loop's from here on */  /* the last libevent pass of ncfsm_loop_run (fsm/loop.c, socket_pass) */
   uint64_t id;           /* unique in the process: the per-thread last error names it */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int cv_waiters;        /* threads in a wait on cv (ncfsm__loop_cv_wait): none, no broadcast */
   int cv_spinners;       /* threads spinning on cv_gen instead (fsm/api_wait.c): none, no increment */
+  int spin_cpus;         /* CPUs the process may run on, at the loop's creation: spins need 2 */
   struct event_base *base;
   struct event *ev_wake; /* cross-thread wakeup, launches, notifications */
   struct event *ev_poll; /* progress timer */
@@ -456,7 +459,7 @@ NCFSM__XT_BEFORE(struct ncfsm_loop, group_state, handoff);
 NCFSM__XT_BEFORE(struct ncfsm_loop, held_taken, handoff);
 NCFSM__XT_BEFORE(struct ncfsm_loop, trace, handoff);
 _Static_assert(offsetof(struct ncfsm_loop, wake_pending) + sizeof(int) <= offsetof(struct ncfsm_loop, handoff) + 64,
-               "the hand-off's stack, its spare stack, awake and what spinning threads watch share one line");
+               "the hand-off's stack, its spare stack, awake and wake_pending share one line");
 
 struct ncfsm__state_note {
   ncfsm_comm *comm;
@@ -513,6 +516,8 @@ static inline int ncfsm__loop_cv_wait(ncfsm_loop *loop, const struct timespec *u
   loop->cv_waiters--;
   return rc;
 }
+/* Spinning before sleeping (opts.spin_us) is on, and a second CPU allows it. */
+static inline bool ncfsm__spin_on(const ncfsm_loop *loop) { return loop->opts.spin_us && loop->spin_cpus > 1; }
 static inline void ncfsm__loop_cv_broadcast(ncfsm_loop *loop) {
   if (loop->cv_waiters) pthread_cond_broadcast(&loop->cv);
   if (loop->cv_spinners) atomic_fetch_add_explicit(&loop->cv_gen, 1, memory_order_release);

@@ -41,6 +41,10 @@ static uint64_t spins(ncfsm_loop *loop, int who, int end) {
 static ncfsm_loop *threaded(unsigned spin_us, ncfsm_comm **c) {
   atomic_store(&ncb, 0);
   ncfsm_loop *loop = ready_comms(1, c);
+  if (spin_us && loop->spin_cpus < 2) { /* spins are off on one CPU */
+    teardown_all(loop, c, 1);
+    skip();
+  }
   loop->opts.spin_us = spin_us; /* no other thread runs it yet */
   assert_int_equal(ncfsm_loop_start_thread(loop), NCFSM_OK);
   return loop;
@@ -54,21 +58,52 @@ static void op_and_callback(ncfsm_comm *c, int n) {
   assert_int_equal(atomic_load(&ncb), n);
 }
 
-static void slow_call(void *arg) {
+static atomic_int flag;
+static bool flag_set(void *arg) {
   (void)arg;
-  sleep_ms(20);
+  return atomic_load(&flag);
 }
 
-/* The waiter: ncfsm__on_loop waits (ncfsm__wait_until) while the loop's thread runs a call
- * that takes 20 ms; with a bound of 1 s the waiter is spinning when the loop's broadcast
- * comes, and its spin ends woken. */
+/* On the loop's thread without the lock (an ncfsm_loop_call): waits until the waiter spins
+ * (end < 0) or until one of its spins ran out (end NCFSM__SPIN_BOUND), then sets the flag and
+ * broadcasts under the lock, while the waiter is spinning in the first case, asleep in the
+ * second. */
+typedef struct gate {
+  ncfsm_loop *loop;
+  int end;
+} gate;
+
+static void open_gate(void *arg) {
+  gate *g = arg;
+  ncfsm_loop *loop = g->loop;
+  pthread_mutex_lock(&loop->mu);
+  for (int ms = 0; ms < 10000; ms++) {
+    if (g->end < 0 ? loop->cv_spinners > 0 : loop->spins[NCFSM__SPIN_WAITER][g->end] > 0) break;
+    pthread_mutex_unlock(&loop->mu);
+    sleep_ms(1);
+    pthread_mutex_lock(&loop->mu);
+  }
+  atomic_store(&flag, 1);
+  ncfsm__loop_cv_broadcast(loop);
+  pthread_mutex_unlock(&loop->mu);
+}
+
+/* Waits (ncfsm__wait_until, what ncfsm_work_wait uses) for the flag that open_gate sets. */
+static void wait_for_gate(ncfsm_loop *loop, int end) {
+  atomic_store(&flag, 0);
+  static gate g; /* open_gate reads it until it sets the flag */
+  g = (gate){loop, end};
+  assert_int_equal(ncfsm_loop_call(loop, open_gate, &g), NCFSM_OK);
+  assert_int_equal(ncfsm__wait_until(loop, flag_set, NULL, 0), NCFSM_OK);
+}
+
+/* The waiter spins (a bound of 1 s) and the loop's broadcast ends its spin. */
 static void test_waiter_spins_until_broadcast(void **state) {
   (void)state;
   ncfsm_comm *c[1];
   ncfsm_loop *loop = threaded(1000000, c);
-  ncfsm__on_loop(loop, NULL, slow_call, NULL);
+  wait_for_gate(loop, -1);
   assert_true(spins(loop, NCFSM__SPIN_WAITER, NCFSM__SPIN_WOKEN) >= 1);
-  assert_int_equal(spins(loop, NCFSM__SPIN_WAITER, NCFSM__SPIN_BOUND), 0);
   assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
   teardown_all(loop, c, 1);
 }
@@ -109,10 +144,15 @@ static void test_bound_then_sleep(void **state) {
   sleep_ms(20); /* the spin ran out: the thread waits in libevent */
   assert_true(spins(loop, NCFSM__SPIN_LOOP, NCFSM__SPIN_BOUND) >= 1);
   op_and_callback(c[0], 2); /* the hand-off's push wakes it */
-  ncfsm__on_loop(loop, NULL, slow_call, NULL);
-  assert_true(spins(loop, NCFSM__SPIN_WAITER, NCFSM__SPIN_BOUND) >= 1);
+  wait_for_gate(loop, NCFSM__SPIN_BOUND); /* opened once the waiter's spin ran out: it sleeps */
   assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
   teardown_all(loop, c, 1);
+}
+
+static void open_gate_now(void *arg) {
+  (void)arg;
+  sleep_ms(5); /* the waiter waits meanwhile */
+  atomic_store(&flag, 1);
 }
 
 /* spin_us 0: nobody spins, and everything still arrives. */
@@ -123,7 +163,9 @@ static void test_spin_off(void **state) {
   op_and_callback(c[0], 1);
   sleep_ms(5);
   op_and_callback(c[0], 2);
-  ncfsm__on_loop(loop, NULL, slow_call, NULL);
+  atomic_store(&flag, 0);
+  assert_int_equal(ncfsm_loop_call(loop, open_gate_now, NULL), NCFSM_OK);
+  assert_int_equal(ncfsm__wait_until(loop, flag_set, NULL, 0), NCFSM_OK);
   assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
   for (int who = 0; who < 2; who++)
     for (int end = 0; end < 2; end++) assert_int_equal(spins(loop, who, end), 0);
