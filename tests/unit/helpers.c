@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -173,4 +174,9 @@ void test_stuck_opts(ncfsm_sim_opts *so, ncfsm_comm_opts *o, ncfsm_sim_opts *so1
   so1->never_arrive = 1;
   *o1 = *o;
   o1->sim = so1;
+}
+
+void test_sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
 }

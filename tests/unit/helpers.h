@@ -48,6 +48,8 @@ uint64_t backend_calls(ncfsm_comm *c);
 /* The comm has an NCCL (sim) communicator now. */
 bool has_backend_comm(ncfsm_comm *c);
 
+/* Sleeps ms milliseconds (nanosleep). */
+void test_sleep_ms(long ms);
 /* A free TCP port on the loopback (-1: none). */
 int test_free_port(void);
 /* n processes meeting through a TCP store at addr (rank 0 hosts it), as a launcher without

@@ -179,11 +179,6 @@ static void test_active_list(void **state) {
   teardown_all(loop, c, 3);
 }
 
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* A turn keeps the clock it read only while it holds the lock: a work that
  * ends outside any turn (a failed group fails its works inside
  * ncfsm_group_end) reads the clock afresh, so its times are in order whatever
@@ -203,7 +198,7 @@ static void test_turn_clock_outside_turns(void **state) {
     assert_int_equal(ncfsm_work_state(w), NCFSM_WORK_FAILED);
     assert_true(w->t_complete >= w->t_submit);
     ncfsm_work_release(w);
-    sleep_ms(2); /* the next work is submitted later than this one ended */
+    test_sleep_ms(2); /* the next work is submitted later than this one ended */
   }
   teardown_all(loop, c, 1);
 }
@@ -282,7 +277,7 @@ static void test_pool_returns_after_idle(void **state) {
   assert_true(loop->nfree >= PEAK - NCFSM__POOL_KEEP); /* kept at the peak: the loop may be busy again */
   uint64_t allocs = loop->pool.allocs;
   assert_int_equal(ncfsm_loop_start_thread(loop), NCFSM_OK);
-  sleep_ms(NCFSM__POOL_IDLE_MS * 3);
+  test_sleep_ms(NCFSM__POOL_IDLE_MS * 3);
   assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK);
   assert_true(loop->nfree <= NCFSM__POOL_KEEP);
   assert_true(loop->pool.works_returned >= PEAK - 2 * NCFSM__POOL_KEEP);

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <cmocka.h>
 
+#include "helpers.h"
 #include "ncfsm.h"
 
 #define NRANKS 2
@@ -59,11 +60,6 @@ static uint64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
 }
 
 static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
@@ -115,7 +111,7 @@ static atomic_int head_launched;
 
 static void *submit_main(void *arg) {
   const submitter *s = arg;
-  if (s->delay_ms) sleep_ms(s->delay_ms);
+  if (s->delay_ms) test_sleep_ms(s->delay_ms);
   if (s->head_start) {
     int k = 0;
     if (s->rank == 0) { /* rank 0 alone gets HEAD launches ahead ... */
@@ -128,7 +124,7 @@ static void *submit_main(void *arg) {
       }
       k++;
       uint64_t t0 = now_ms();
-      while (w && !ncfsm_work_launched(w) && now_ms() - t0 < 10000) sleep_ms(1);
+      while (w && !ncfsm_work_launched(w) && now_ms() - t0 < 10000) test_sleep_ms(1);
       atomic_store(&head_launched, w && ncfsm_work_launched(w));
       if (w) ncfsm_work_release(w);
     }
@@ -196,7 +192,7 @@ static void run(mode m) {
   for (int i = 0; i < nth; i++) assert_int_equal(pthread_create(&th[i], NULL, submit_main, &subs[i]), 0);
   for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
   pthread_barrier_destroy(&lockstep);
-  while (atomic_load(&ndone) < NRANKS * OPS && now_ms() - t0 < BOUND_MS) sleep_ms(1);
+  while (atomic_load(&ndone) < NRANKS * OPS && now_ms() - t0 < BOUND_MS) test_sleep_ms(1);
   uint64_t took = now_ms() - t0;
 
   /* the verdict, then the teardown, then the asserts (a failed assert must

@@ -62,11 +62,6 @@ static int segment_exists(const ncfsm_unique_id *id) {
   return access(p, F_OK) == 0;
 }
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* ---- the parent: fork N ranks, reap them, check how they ended ------------------ */
 
 typedef int (*rank_fn)(int rank);
@@ -103,7 +98,7 @@ static void run_ranks_n(int n, rank_fn fn, unsigned expect_kill) {
       if (waitpid(pid[r], &status[r], WNOHANG) == pid[r]) left--;
       else status[r] = -1;
     }
-    if (left) sleep_ms(1);
+    if (left) test_sleep_ms(1);
   }
   for (int r = 0; r < g_n; r++)
     if (status[r] == -1) {
@@ -304,7 +299,7 @@ static int raw_poll(void *c) {
   int st = NCFSM__NCCL_IN_PROGRESS;
   for (int i = 0; i < WAIT_MS && st == NCFSM__NCCL_IN_PROGRESS; i++) {
     be->get_async_error(c, &st);
-    if (st == NCFSM__NCCL_IN_PROGRESS && i > 16) sleep_ms(1);
+    if (st == NCFSM__NCCL_IN_PROGRESS && i > 16) test_sleep_ms(1);
   }
   return st;
 }
@@ -331,7 +326,7 @@ static int rank_raw_r2(int rank) {
   int q = 1;
   for (int i = 0; i < WAIT_MS && q == 1; i++) {
     q = be->event_query(ev);
-    if (q == 1) sleep_ms(1);
+    if (q == 1) test_sleep_ms(1);
   }
   CHECK(q == 0);
   for (int i = 0; i < 4; i++) CHECK(a[i] == 0 + 1 + 2 + 3);
@@ -530,7 +525,7 @@ static int rank_stopped(int rank) {
   ncfsm_work *w;
   CHECK(first_sum(&x, rank, &so, 1000, a) == 0);
   if (rank == 3) {
-    for (int t = 0; atomic_load(g_step) < N - 1 && t < 10000; t++) sleep_ms(1);
+    for (int t = 0; atomic_load(g_step) < N - 1 && t < 10000; t++) test_sleep_ms(1);
     CHECK(atomic_load(g_step) == N - 1);
     CHECK(hold_clique_lock(&g_id) == 0);
     atomic_store(g_step, 100);
@@ -538,7 +533,7 @@ static int rank_stopped(int rank) {
     return 1; /* never resumed: killed */
   }
   atomic_fetch_add(g_step, 1);
-  for (int t = 0; atomic_load(g_step) != 100 && t < 10000; t++) sleep_ms(1);
+  for (int t = 0; atomic_load(g_step) != 100 && t < 10000; t++) test_sleep_ms(1);
   CHECK(atomic_load(g_step) == 100); /* rank 3 holds the lock */
   uint64_t t0 = ncfsm__now_ns();
   CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
@@ -600,7 +595,7 @@ static void test_mp_stopped_holding_lock(void **state) {
         pid[r] = 0;
         left--;
       }
-    if (left) sleep_ms(1);
+    if (left) test_sleep_ms(1);
   }
   int stopped_st;
   pid_t got = waitpid(pid[3], &stopped_st, WNOHANG | WUNTRACED);
@@ -649,7 +644,7 @@ static int rank_push(int rank) {
   for (int i = 0; i < 8; i++) {
     int32_t a[4];
     for (int k = 0; k < 4; k++) a[k] = rank + i;
-    if (rank == 1) sleep_ms(20);
+    if (rank == 1) test_sleep_ms(20);
     uint64_t t0 = ncfsm__now_ns();
     ncfsm_work *w;
     CHECK(ncfsm_allreduce(x.c, a, a, 4, NCFSM_INT32, NCFSM_OP_SUM, NULL, NULL, NULL, &w) == NCFSM_OK);
@@ -784,7 +779,7 @@ static shared_flags *flags_new(void) {
 }
 
 static int wait_flag(atomic_int *f, int ms) {
-  for (int i = 0; i < ms && !atomic_load(f); i++) sleep_ms(1);
+  for (int i = 0; i < ms && !atomic_load(f); i++) test_sleep_ms(1);
   return atomic_load(f);
 }
 
@@ -795,7 +790,7 @@ static int drain_stream(void *stream) {
   int q = 1;
   for (int i = 0; i < WAIT_MS && q == 1; i++) {
     q = be->event_query(ev);
-    if (q == 1) sleep_ms(1);
+    if (q == 1) test_sleep_ms(1);
   }
   be->event_destroy(ev);
   return q;
@@ -919,7 +914,7 @@ static int r11_row_body(int rank) {
   }
   /* stay until every rank is done: no peer leaves the clique early */
   atomic_fetch_add(&g_fl->ready, 1);
-  for (int t = 0; t < WAIT_MS && atomic_load(&g_fl->ready) < row->n; t++) sleep_ms(1);
+  for (int t = 0; t < WAIT_MS && atomic_load(&g_fl->ready) < row->n; t++) test_sleep_ms(1);
   CHECK(atomic_load(&g_fl->ready) == row->n);
   return close_comm(&x);
 }
@@ -974,7 +969,7 @@ static int rank_drift(int rank) {
       for (i = 0; i < 300; i++) {
         CHECK(be->get_async_error(c, &st) == NCFSM__NCCL_SUCCESS);
         if (st != NCFSM__NCCL_IN_PROGRESS) break;
-        if (i % 10 == 0) sleep_ms(1);
+        if (i % 10 == 0) test_sleep_ms(1);
       }
       atomic_store(&g_fl->stuck_polls, i);
       CHECK(st == NCFSM__NCCL_IN_PROGRESS); /* held, no error */
@@ -1263,7 +1258,7 @@ static void run_crash(int point) {
       else vst = -1;
     }
     if (sst == -1 && waitpid(sp, &sst, WNOHANG) != sp) sst = -1;
-    if (vst == -1 || sst == -1) sleep_ms(1);
+    if (vst == -1 || sst == -1) test_sleep_ms(1);
   }
   if (vst == -1) {
     kill(vp, SIGKILL);

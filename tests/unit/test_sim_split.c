@@ -38,11 +38,6 @@ enum { OK = NCFSM__NCCL_SUCCESS, E_ARG = NCFSM__NCCL_INVALID_ARGUMENT, E_USAGE =
 
 #define MAXR 8
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 /* n ranks of one clique, every one polled to success (per-rank options). */
 static void raw_init_each(void **c, int n, ncfsm_sim_opts *so, int blocking) {
   ncfsm_unique_id id;
@@ -756,7 +751,7 @@ static int wait_poll(void *c, int want, int ms) {
     be->get_async_error(c, &st);
     if (st != IP && (want < 0 || st == want)) return st;
     if (st != IP && st != OK) return st;
-    sleep_ms(1);
+    test_sleep_ms(1);
   }
   return st;
 }
@@ -779,7 +774,7 @@ static int mp_rank(int rank) {
   int q = 1;
   for (int i = 0; i < 10000 && q == 1; i++) {
     q = be->event_query(ev);
-    if (q == 1) sleep_ms(1);
+    if (q == 1) test_sleep_ms(1);
   }
   be->event_destroy(ev);
   CHECK(q == 0 && ra == 10);
@@ -806,7 +801,7 @@ static int mp_rank(int rank) {
   q = 1;
   for (int i = 0; i < 10000 && q == 1; i++) {
     q = be->event_query(ev);
-    if (q == 1) sleep_ms(1);
+    if (q == 1) test_sleep_ms(1);
   }
   be->event_destroy(ev);
   CHECK(q == 0 && rb == 600);
@@ -863,7 +858,7 @@ static void test_mp_sigkill_shrink(void **state) {
         if (waitpid(pid[r], &status[r], WNOHANG) == pid[r]) left--;
         else status[r] = -1;
       }
-    if (left) sleep_ms(1);
+    if (left) test_sleep_ms(1);
   }
   for (int r = 0; r < N; r++)
     if (status[r] == -1) {

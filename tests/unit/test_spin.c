@@ -25,11 +25,6 @@ static void on_done(ncfsm_work *w, ncfsm_result_t st, void *arg) {
   atomic_fetch_add(&ncb, 1);
 }
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-  nanosleep(&ts, NULL);
-}
-
 static uint64_t spins(ncfsm_loop *loop, int who, int end) {
   pthread_mutex_lock(&loop->mu);
   uint64_t n = loop->spins[who][end];
@@ -54,7 +49,7 @@ static ncfsm_loop *threaded(unsigned spin_us, ncfsm_comm **c) {
  * for its callback without the loop's lock. */
 static void op_and_callback(ncfsm_comm *c, int n) {
   assert_int_equal(ncfsm_allreduce(c, buf, buf, 4, NCFSM_FLOAT32, NCFSM_OP_SUM, NULL, on_done, NULL, NULL), NCFSM_OK);
-  for (int ms = 0; ms < 10000 && atomic_load(&ncb) < n; ms++) sleep_ms(1);
+  for (int ms = 0; ms < 10000 && atomic_load(&ncb) < n; ms++) test_sleep_ms(1);
   assert_int_equal(atomic_load(&ncb), n);
 }
 
@@ -80,7 +75,7 @@ static void open_gate(void *arg) {
   for (int ms = 0; ms < 10000; ms++) {
     if (g->end < 0 ? loop->cv_spinners > 0 : loop->spins[NCFSM__SPIN_WAITER][g->end] > 0) break;
     pthread_mutex_unlock(&loop->mu);
-    sleep_ms(1);
+    test_sleep_ms(1);
     pthread_mutex_lock(&loop->mu);
   }
   atomic_store(&flag, 1);
@@ -118,10 +113,10 @@ static void test_loop_thread_spins_for_handoffs(void **state) {
   ncfsm_loop *loop = threaded(1000000, c);
   op_and_callback(c[0], 1);
   uint64_t before = spins(loop, NCFSM__SPIN_LOOP, NCFSM__SPIN_WOKEN);
-  sleep_ms(5); /* the thread spins now */
+  test_sleep_ms(5); /* the thread spins now */
   op_and_callback(c[0], 2);
   assert_true(spins(loop, NCFSM__SPIN_LOOP, NCFSM__SPIN_WOKEN) > before);
-  sleep_ms(5);
+  test_sleep_ms(5);
   assert_int_equal(ncfsm_loop_stop_thread(loop), NCFSM_OK); /* its ncfsm_loop_call's wake ends the spin */
   assert_int_equal(spins(loop, NCFSM__SPIN_LOOP, NCFSM__SPIN_BOUND), 0);
   char *m = NULL;
@@ -141,7 +136,7 @@ static void test_bound_then_sleep(void **state) {
   ncfsm_comm *c[1];
   ncfsm_loop *loop = threaded(1000, c); /* 1 ms */
   op_and_callback(c[0], 1);
-  sleep_ms(20); /* the spin ran out: the thread waits in libevent */
+  test_sleep_ms(20); /* the spin ran out: the thread waits in libevent */
   assert_true(spins(loop, NCFSM__SPIN_LOOP, NCFSM__SPIN_BOUND) >= 1);
   op_and_callback(c[0], 2); /* the hand-off's push wakes it */
   wait_for_gate(loop, NCFSM__SPIN_BOUND); /* opened once the waiter's spin ran out: it sleeps */
@@ -151,7 +146,7 @@ static void test_bound_then_sleep(void **state) {
 
 static void open_gate_now(void *arg) {
   (void)arg;
-  sleep_ms(5); /* the waiter waits meanwhile */
+  test_sleep_ms(5); /* the waiter waits meanwhile */
   atomic_store(&flag, 1);
 }
 
@@ -161,7 +156,7 @@ static void test_spin_off(void **state) {
   ncfsm_comm *c[1];
   ncfsm_loop *loop = threaded(0, c);
   op_and_callback(c[0], 1);
-  sleep_ms(5);
+  test_sleep_ms(5);
   op_and_callback(c[0], 2);
   atomic_store(&flag, 0);
   assert_int_equal(ncfsm_loop_call(loop, open_gate_now, NULL), NCFSM_OK);
